@@ -1,0 +1,1 @@
+//! Procedural macros of the `dlock` toolkit (see the `dlock` crate).
