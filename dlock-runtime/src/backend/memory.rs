@@ -1,0 +1,201 @@
+//! The in-memory backend: the same semantics as Redis inside one process.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tokio::time::Instant;
+
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::wait::WaitQueues;
+
+#[derive(Debug)]
+struct Entry {
+    owner: String,
+    count: u32,
+    token: u64,
+    expires: Instant,
+}
+
+/// Locks kept in this process: TTLs, re-entrancy, fencing tokens and wake-one waiting, with no
+/// server. The default backend when nothing else is configured, and a stand-in for Redis in
+/// users' own unit tests.
+///
+/// Fencing tokens come from one counter seeded from the wall clock in microseconds, so they
+/// strictly increase per name (and across names) for the life of the process.
+#[derive(Debug)]
+pub struct MemoryBackend {
+    locks: Mutex<HashMap<String, Entry>>,
+    next_token: AtomicU64,
+    waiters: Arc<WaitQueues>,
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A new, empty store.
+    pub fn new() -> Self {
+        let seed = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
+            .unwrap_or(1);
+        MemoryBackend {
+            locks: Mutex::new(HashMap::new()),
+            next_token: AtomicU64::new(seed),
+            waiters: WaitQueues::new(None),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Entry>> {
+        self.locks.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Number of names currently locked (expired entries are not counted).
+    pub fn locked_count(&self) -> usize {
+        let now = Instant::now();
+        self.lock().values().filter(|e| e.expires > now).count()
+    }
+
+    /// Number of callers waiting in this process.
+    pub fn waiter_count(&self) -> usize {
+        self.waiters.waiter_count()
+    }
+
+    fn try_acquire_now(&self, name: &str, owner: &str, ttl: Duration) -> Acquired {
+        let now = Instant::now();
+        let mut map = self.lock();
+        if let Some(e) = map.get_mut(name) {
+            if e.expires > now {
+                if e.owner == owner {
+                    e.count = e.count.saturating_add(1);
+                    e.expires = e.expires.max(now + ttl);
+                    return Acquired::Granted {
+                        token: e.token,
+                        count: e.count,
+                    };
+                }
+                return Acquired::Busy {
+                    remaining: Some(e.expires - now),
+                };
+            }
+        }
+        // Sweep expired entries now and then so abandoned names do not accumulate.
+        if map.len() >= 1024 && map.len().is_power_of_two() {
+            map.retain(|_, e| e.expires > now);
+        }
+        let token = self.next_token.fetch_add(1, Ordering::Relaxed) + 1;
+        map.insert(
+            name.to_string(),
+            Entry {
+                owner: owner.to_string(),
+                count: 1,
+                token,
+                expires: now + ttl,
+            },
+        );
+        Acquired::Granted { token, count: 1 }
+    }
+
+    fn release_now(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Released {
+        let now = Instant::now();
+        let mut map = self.lock();
+        let Some(e) = map.get_mut(name) else {
+            return Released::NotOwner;
+        };
+        if e.expires <= now || e.owner != owner || e.count == 0 {
+            return Released::NotOwner;
+        }
+        e.count = if all { 0 } else { e.count - 1 };
+        if e.count > 0 {
+            return Released::Decremented(e.count);
+        }
+        match keep_for {
+            Some(keep) if !keep.is_zero() => {
+                e.expires = now + keep;
+                Released::Freed
+            }
+            _ => {
+                map.remove(name);
+                drop(map);
+                self.waiters.wake_one(name);
+                Released::Freed
+            }
+        }
+    }
+
+    fn extend_now(&self, name: &str, owner: &str, ttl: Duration) -> Extended {
+        let now = Instant::now();
+        let mut map = self.lock();
+        match map.get_mut(name) {
+            Some(e) if e.expires > now && e.owner == owner => {
+                e.expires = now + ttl;
+                Extended::Extended
+            }
+            _ => Extended::Lost,
+        }
+    }
+
+    /// Deletes a lock whatever its owner, as an operator's `DEL` would (for tests of the
+    /// lost-lease signal).
+    pub fn force_delete(&self, name: &str) -> bool {
+        let removed = self.lock().remove(name).is_some();
+        if removed {
+            self.waiters.wake_one(name);
+        }
+        removed
+    }
+}
+
+impl Backend for MemoryBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let r = self.try_acquire_now(name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let r = self.release_now(name, owner, keep_for, all);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let r = self.extend_now(name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let (w, _) = self.waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.waiters.has_waiters(name)
+    }
+}

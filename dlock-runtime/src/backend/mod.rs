@@ -1,0 +1,99 @@
+//! The backend trait every lock store implements, and the two built-in backends.
+//!
+//! The guard, the watchdog, the waiting loop and the macro only ever talk to a
+//! [`Backend`], so they never know whether the lock lives in Redis or in memory.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::LockError;
+
+pub(crate) mod memory;
+pub(crate) mod redis;
+
+/// A boxed, sendable future, as the [`Backend`] methods return.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What a try-acquire found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Acquired {
+    /// The caller holds the lock now.
+    Granted {
+        /// The fencing token of this hold (for a re-entry, the token of the outermost hold).
+        token: u64,
+        /// The hold count after this acquisition (1 for a first acquisition).
+        count: u32,
+    },
+    /// Another owner holds it.
+    Busy {
+        /// Time until the holder's lease ends, when known.
+        remaining: Option<Duration>,
+    },
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The hold count reached zero: the lock is free (or kept until `keep_for` ran out).
+    Freed,
+    /// A re-entrant hold was given back; this many holds remain.
+    Decremented(u32),
+    /// The caller was not the owner: nothing was changed.
+    NotOwner,
+}
+
+/// What an extend did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extended {
+    /// The lease now ends `ttl` after the request was handled.
+    Extended,
+    /// The caller is no longer the owner.
+    Lost,
+}
+
+/// A store of leases with owner-checked, re-entrant semantics.
+///
+/// Implementations must make `try_acquire`, `release` and `extend` atomic per lock name.
+/// `owner` strings are opaque; `name` has been validated (non-empty, at most 1024 bytes).
+pub trait Backend: Send + Sync + fmt::Debug + 'static {
+    /// Takes the lock for `owner` for `ttl`, or re-enters it when `owner` already holds it
+    /// (hold count + 1, lease at least `ttl`). A first acquisition mints a fencing token larger
+    /// than every token handed out before for this name.
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>>;
+
+    /// Gives back one hold of `owner`, or all of them with `all` (the outermost guard of a call
+    /// chain). At zero holds the lock is deleted and one waiter is woken; with `keep_for`, the
+    /// lock instead stays taken until `keep_for` has passed and no wake-up is sent.
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>>;
+
+    /// Sets the lease of `owner`'s hold to `ttl` from now, if `owner` still holds it.
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>>;
+
+    /// Registers the caller as a waiter for `name`'s next release. The returned [`Watch`] is
+    /// subscribed before this future completes, so a release after that is never missed.
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>>;
+
+    /// True when other callers in this process already wait for `name`; a new waiter then queues
+    /// behind them instead of barging in.
+    fn has_waiters(&self, name: &str) -> bool;
+}
+
+pub use crate::wait::Watch;

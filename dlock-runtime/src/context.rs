@@ -1,0 +1,98 @@
+//! The task-local lock context: who the owner of this call chain is, and which locks it holds.
+//!
+//! A guarded scope ([`crate::LockGuard::scope`], or the body of a `#[distributed_lock]` function)
+//! runs with a frame naming its owner id and its hold. A nested acquisition of the same name on
+//! the same backend inside that scope re-enters (hold count + 1) instead of deadlocking. A
+//! `tokio::spawn`ed task does not inherit task-locals, so it is a different owner.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::LazyLock;
+
+use crate::guard::Hold;
+
+tokio::task_local! {
+    static FRAME: Arc<Frame>;
+}
+
+#[derive(Debug)]
+pub(crate) struct Frame {
+    pub(crate) hold: Arc<Hold>,
+    parent: Option<Arc<Frame>>,
+}
+
+impl Frame {
+    pub(crate) fn new(hold: Arc<Hold>) -> Arc<Frame> {
+        Arc::new(Frame {
+            hold,
+            parent: current(),
+        })
+    }
+
+    /// The hold of `name` on the backend `backend_id` in this chain, innermost first.
+    pub(crate) fn find(self: &Arc<Self>, backend_id: usize, name: &str) -> Option<Arc<Hold>> {
+        let mut f = Some(self);
+        while let Some(frame) = f {
+            if frame.hold.backend_id() == backend_id && frame.hold.name == name {
+                return Some(frame.hold.clone());
+            }
+            f = frame.parent.as_ref();
+        }
+        None
+    }
+}
+
+/// The innermost frame of the current task, if it runs inside a guarded scope.
+pub(crate) fn current() -> Option<Arc<Frame>> {
+    FRAME.try_with(|f| f.clone()).ok()
+}
+
+/// Runs `fut` with `frame` as the current task's innermost frame.
+pub(crate) async fn scope<F: std::future::Future>(frame: Arc<Frame>, fut: F) -> F::Output {
+    FRAME.scope(frame, fut).await
+}
+
+/// The fencing token of the innermost lock held by the current call chain, or `None` outside a
+/// guarded scope (a `#[distributed_lock]` body, or [`crate::LockGuard::scope`]).
+///
+/// Pass it with every write to a resource that can check it: the resource refuses a write whose
+/// token is lower than the highest it has seen, which closes the gap a lease cannot close.
+pub fn fencing_token() -> Option<u64> {
+    FRAME.try_with(|f| f.hold.token).ok()
+}
+
+static PROCESS_ID: LazyLock<u128> = LazyLock::new(|| {
+    let mut buf = [0u8; 16];
+    if getrandom::fill(&mut buf).is_ok() {
+        return u128::from_le_bytes(buf);
+    }
+    // No OS randomness: mix the time, the pid and std's randomly seeded hasher.
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    if let Ok(d) = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH) {
+        h.write_u128(d.as_nanos());
+    }
+    let a = h.finish();
+    h.write_u64(a);
+    ((a as u128) << 64) | h.finish() as u128
+});
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// A fresh owner id: 128 random bits for this process, then a counter.
+pub(crate) fn new_owner() -> Arc<str> {
+    let n = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
+    format!("{:032x}:{n}", *PROCESS_ID).into()
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn owners_are_unique_and_carry_the_process_id() {
+        let a = super::new_owner();
+        let b = super::new_owner();
+        assert_ne!(a, b);
+        assert_eq!(a.split(':').next(), b.split(':').next());
+        assert_eq!(a.split(':').next().unwrap().len(), 32);
+    }
+}

@@ -1,0 +1,171 @@
+//! The one error type of the toolkit.
+
+use std::time::Duration;
+
+/// Why a held lock stopped being valid.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// The guard's own deadline (send time of the last confirmed acquire or renewal plus the ttl)
+    /// passed before a renewal was confirmed: a paused server, a partition, a paused process.
+    Deadline,
+    /// The backend answered that the caller no longer owns the lock (it expired and was taken,
+    /// or it was deleted behind the holder's back).
+    NotOwner,
+    /// The watchdog stopped renewing because the `max_hold` cap was reached.
+    MaxHold,
+}
+
+impl std::fmt::Display for LostReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            LostReason::Deadline => "the lease deadline passed without a confirmed renewal",
+            LostReason::NotOwner => "the backend no longer lists this holder as the owner",
+            LostReason::MaxHold => "the max_hold cap was reached",
+        })
+    }
+}
+
+/// Everything that can go wrong when taking, keeping or giving back a lock.
+///
+/// Messages are lowercase and name the lock; accessors give the parts a caller acts on
+/// ([`LockError::key`], [`LockError::retry_after`]).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LockError {
+    /// The lock is held by another owner and the caller asked not to wait (`wait = 0`).
+    #[error("lock `{key}` is busy{}", fmt_retry(*retry_after))]
+    Busy {
+        /// The lock name.
+        key: String,
+        /// Time until the holder's lease ends, when the backend reported it.
+        retry_after: Option<Duration>,
+    },
+    /// The lock stayed held by another owner for the whole wait.
+    #[error("timed out after {} waiting for lock `{key}`{}", fmt_dur(*waited), fmt_retry(*retry_after))]
+    TimedOut {
+        /// The lock name.
+        key: String,
+        /// How long the caller waited.
+        waited: Duration,
+        /// Time until the holder's lease ends, as last reported.
+        retry_after: Option<Duration>,
+    },
+    /// The lease was lost while the lock was held, or an extend found another owner.
+    #[error("lock `{key}` was lost: {reason}")]
+    Lost {
+        /// The lock name.
+        key: String,
+        /// Why it was lost.
+        reason: LostReason,
+    },
+    /// A release by a guard whose lease had already ended: nothing was deleted.
+    #[error("lock `{key}` is not held by this owner any more; nothing was released")]
+    NotOwner {
+        /// The lock name.
+        key: String,
+    },
+    /// No backend is registered under this name.
+    #[error("no lock backend named `{name}` is registered (known: {})", known.join(", "))]
+    UnknownBackend {
+        /// The name asked for.
+        name: String,
+        /// The names that are registered.
+        known: Vec<String>,
+    },
+    /// No lock policy is defined under this name.
+    #[error("no lock policy named `{name}` is defined (known: {})", if known.is_empty() { "none".to_string() } else { known.join(", ") })]
+    UnknownPolicy {
+        /// The name asked for.
+        name: String,
+        /// The names that are defined.
+        known: Vec<String>,
+    },
+    /// The lock name cannot be used: empty, or longer than [`crate::MAX_KEY_LEN`] bytes.
+    /// Nothing was sent to the backend.
+    #[error("invalid lock name {key:?}: {reason}")]
+    InvalidKey {
+        /// The name (cut to its first 64 bytes when it was too long).
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// The configuration is wrong: a malformed URL, an unsupported scheme, a zero ttl, a bad policy
+    /// file. Passwords are never part of the message.
+    #[error("configuration error: {0}")]
+    Config(String),
+    /// The backend failed: connection refused or dropped, a timeout, a server error.
+    /// Whether the lock was taken is unknown only for an acquire whose reply was lost; the lease
+    /// then ends by itself after its ttl.
+    #[error("backend error on lock `{key}`: {source}")]
+    Backend {
+        /// The lock name (empty for errors not tied to one lock).
+        key: String,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync + 'static>,
+    },
+}
+
+fn fmt_dur(d: Duration) -> String {
+    // humantime prints "1s 500ms"; round to milliseconds first so it stays short.
+    humantime::format_duration(Duration::from_millis(d.as_millis() as u64)).to_string()
+}
+
+fn fmt_retry(r: Option<Duration>) -> String {
+    match r {
+        Some(d) => format!(" (holder's lease ends in {})", fmt_dur(d)),
+        None => String::new(),
+    }
+}
+
+impl LockError {
+    /// The lock name the error is about, when it is about one.
+    pub fn key(&self) -> Option<&str> {
+        match self {
+            LockError::Busy { key, .. }
+            | LockError::TimedOut { key, .. }
+            | LockError::Lost { key, .. }
+            | LockError::NotOwner { key }
+            | LockError::InvalidKey { key, .. } => Some(key),
+            LockError::Backend { key, .. } if !key.is_empty() => Some(key),
+            _ => None,
+        }
+    }
+
+    /// For busy and timed-out errors: how long until the holder's lease ends, as the backend
+    /// reported it. Suits an HTTP `Retry-After` header.
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self {
+            LockError::Busy { retry_after, .. } | LockError::TimedOut { retry_after, .. } => {
+                *retry_after
+            }
+            _ => None,
+        }
+    }
+
+    /// True for [`LockError::Busy`] and [`LockError::TimedOut`]: another owner held the lock.
+    pub fn is_contended(&self) -> bool {
+        matches!(self, LockError::Busy { .. } | LockError::TimedOut { .. })
+    }
+
+    /// True for [`LockError::Lost`].
+    pub fn is_lost(&self) -> bool {
+        matches!(self, LockError::Lost { .. })
+    }
+
+    /// True for [`LockError::Backend`].
+    pub fn is_backend(&self) -> bool {
+        matches!(self, LockError::Backend { .. })
+    }
+
+    pub(crate) fn backend(
+        key: &str,
+        source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    ) -> Self {
+        LockError::Backend {
+            key: key.to_string(),
+            source: source.into(),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Lock names: validation and the fixed rule that maps a name to Redis keys.
+//!
+//! # The naming rule
+//!
+//! A lock name `N` is escaped as `E = escape(N)`: `\` becomes `\\`, `{` becomes `\(` and `}`
+//! becomes `\)`; every other character stays as it is. Then
+//!
+//! | role | Redis key / channel | example for `order:42` |
+//! |---|---|---|
+//! | lock (hash `owner -> hold count`, plus field `:fence`) | `dlock:{E}` | `dlock:{order:42}` |
+//! | fencing counter (string, kept past release) | `dlock:{E}:fence` | `dlock:{order:42}:fence` |
+//! | release channel (pub/sub) | `dlock:{E}:rel` | `dlock:{order:42}:rel` |
+//!
+//! `E` never contains `}`, so the Redis Cluster hash tag is exactly `E`: all three names of one lock
+//! live in one slot, user input cannot move the slot, and the escaping is injective, so no name's
+//! keys collide with another name's keys of any role.
+
+use crate::LockError;
+
+/// The longest lock name accepted, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+
+/// Checks a lock name: not empty and at most [`MAX_KEY_LEN`] bytes.
+pub(crate) fn validate(name: &str) -> Result<(), LockError> {
+    if name.is_empty() {
+        return Err(LockError::InvalidKey {
+            key: String::new(),
+            reason: "a lock name must not be empty",
+        });
+    }
+    if name.len() > MAX_KEY_LEN {
+        let mut cut = 64;
+        while !name.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        return Err(LockError::InvalidKey {
+            key: format!("{}…", &name[..cut]),
+            reason: "a lock name must be at most 1024 bytes",
+        });
+    }
+    Ok(())
+}
+
+fn escape_into(out: &mut String, name: &str) {
+    for c in name.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '{' => out.push_str("\\("),
+            '}' => out.push_str("\\)"),
+            c => out.push(c),
+        }
+    }
+}
+
+/// The Redis names of one lock, built by the rule in the [module docs](self).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RedisKeys {
+    /// The lock hash: `dlock:{E}`.
+    pub lock: String,
+    /// The fencing counter: `dlock:{E}:fence`.
+    pub fence: String,
+    /// The release channel: `dlock:{E}:rel`.
+    pub channel: String,
+}
+
+/// Maps a lock name to its Redis lock key, fence key and release channel.
+///
+/// ```
+/// let keys = dlock_runtime::redis_keys("order:42");
+/// assert_eq!(keys.lock, "dlock:{order:42}");
+/// assert_eq!(keys.fence, "dlock:{order:42}:fence");
+/// assert_eq!(keys.channel, "dlock:{order:42}:rel");
+/// assert_eq!(dlock_runtime::redis_keys("a}b").lock, "dlock:{a\\)b}");
+/// ```
+pub fn redis_keys(name: &str) -> RedisKeys {
+    let mut lock = String::with_capacity(name.len() + 8);
+    lock.push_str("dlock:{");
+    escape_into(&mut lock, name);
+    lock.push('}');
+    let fence = format!("{lock}:fence");
+    let channel = format!("{lock}:rel");
+    RedisKeys {
+        lock,
+        fence,
+        channel,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn plain_names_render_unchanged() {
+        assert_eq!(redis_keys("order:42").lock, "dlock:{order:42}");
+    }
+
+    #[test]
+    fn escaping_is_injective_on_tricky_names() {
+        let names = [
+            "a", "a}", "a\\)", "a\\", "a{", "a\\(", "}", "{", "\\", "a:fence", "a}:fence", "a:rel",
+            "x}{y", "x\\}{y", "",
+        ];
+        let mut all = std::collections::HashSet::new();
+        for n in names {
+            let k = redis_keys(n);
+            for s in [k.lock, k.fence, k.channel] {
+                assert!(all.insert(s.clone()), "collision on {s} from {n:?}");
+                // The hash tag is the escaped name: the first `}` closes our own `{`.
+                let open = s.find('{').unwrap();
+                let close = open + s[open..].find('}').unwrap();
+                let tag = &s[open + 1..close];
+                assert!(!tag.contains('}'));
+            }
+        }
+    }
+
+    #[test]
+    fn validation_limits() {
+        assert!(validate("").is_err());
+        assert!(validate(&"x".repeat(1024)).is_ok());
+        let e = validate(&"é".repeat(600)).unwrap_err();
+        assert!(matches!(e, LockError::InvalidKey { .. }));
+    }
+}

@@ -1,0 +1,388 @@
+//! The `Lock` builder and the acquire / wait loop.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::backend::{Acquired, Backend, Released, Watch};
+use crate::context;
+use crate::guard::{GuardInit, LockGuard, backend_id};
+use crate::{LockError, key, registry};
+
+/// The default lease: 30 s.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
+
+/// Pause between retries after a backend error while waiting.
+const ERROR_BACKOFF: Duration = Duration::from_millis(100);
+
+/// A lock to take: a name and how to take it.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock_runtime::LockError> {
+/// use std::time::Duration;
+/// let guard = dlock_runtime::Lock::new("order:42")
+///     .ttl(Duration::from_secs(10))
+///     .wait(Duration::from_secs(2))
+///     .acquire()
+///     .await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Lock {
+    name: String,
+    ttl: Duration,
+    wait: Duration,
+    watchdog: bool,
+    max_hold: Option<Duration>,
+    hold_at_least: Option<Duration>,
+    backend: BackendRef,
+}
+
+#[derive(Clone)]
+enum BackendRef {
+    Named(Cow<'static, str>),
+    Direct(Arc<dyn Backend>),
+}
+
+impl std::fmt::Debug for Lock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let backend: &dyn std::fmt::Debug = match &self.backend {
+            BackendRef::Named(n) => n,
+            BackendRef::Direct(b) => b,
+        };
+        f.debug_struct("Lock")
+            .field("name", &self.name)
+            .field("ttl", &self.ttl)
+            .field("wait", &self.wait)
+            .field("watchdog", &self.watchdog)
+            .field("max_hold", &self.max_hold)
+            .field("hold_at_least", &self.hold_at_least)
+            .field("backend", backend)
+            .finish()
+    }
+}
+
+impl Lock {
+    /// A lock named `name` (1 to 1024 bytes; see [`crate::redis_keys`] for how it maps to Redis
+    /// keys), with a 30 s ttl, no waiting, the watchdog on and the backend `"default"`.
+    pub fn new(name: impl Into<String>) -> Self {
+        Lock {
+            name: name.into(),
+            ttl: DEFAULT_TTL,
+            wait: Duration::ZERO,
+            watchdog: true,
+            max_hold: None,
+            hold_at_least: None,
+            backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
+        }
+    }
+
+    /// The lease length (default 30 s). With the watchdog on it is renewed every ttl/3.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long to wait for a busy lock (default zero: try once and fail with
+    /// [`LockError::Busy`]).
+    pub fn wait(mut self, wait: Duration) -> Self {
+        self.wait = wait;
+        self
+    }
+
+    /// Whether to renew the lease while the guard lives (default true).
+    pub fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = on;
+        self
+    }
+
+    /// Caps how long the watchdog keeps renewing (default: no cap), so that hung code cannot
+    /// hold a lock forever (ShedLock's `lockAtMostFor`). The lease then runs out and the guard
+    /// is lost with [`crate::LostReason::MaxHold`].
+    pub fn max_hold(mut self, max: Duration) -> Self {
+        self.max_hold = Some(max);
+        self
+    }
+
+    /// Keeps the lock taken at least this long after it was acquired, even when released earlier
+    /// (ShedLock's `lockAtLeastFor`): the release shortens the lease to the remainder instead of
+    /// deleting the lock.
+    pub fn hold_at_least(mut self, min: Duration) -> Self {
+        self.hold_at_least = Some(min);
+        self
+    }
+
+    /// The registered backend to use (default `"default"`).
+    pub fn backend(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.backend = BackendRef::Named(name.into());
+        self
+    }
+
+    /// A backend to use directly, without the registry.
+    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
+        self.backend = BackendRef::Direct(backend);
+        self
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Takes the lock, waiting up to the `wait` duration.
+    ///
+    /// Waiting subscribes to the lock's release channel and retries when a release wakes this
+    /// waiter (one waiter per release and process) or when the holder's lease runs out, whichever
+    /// comes first; there is no polling. Waiters of one process are served in arrival order.
+    ///
+    /// Inside a guarded scope that already holds this name on the same backend, the call
+    /// re-enters (hold count + 1) and returns at once.
+    pub async fn acquire(&self) -> Result<LockGuard, LockError> {
+        key::validate(&self.name)?;
+        if self.ttl.is_zero() {
+            return Err(LockError::Config(format!(
+                "lock `{}`: the ttl must be positive",
+                self.name
+            )));
+        }
+        let backend = match &self.backend {
+            BackendRef::Named(n) => registry::backend(n)?,
+            BackendRef::Direct(b) => b.clone(),
+        };
+        // Re-enter only a hold of this name that the call chain already has; any other
+        // acquisition gets a fresh owner, so two futures joined in one task still exclude
+        // each other.
+        let parent =
+            context::current().and_then(|f| f.find(backend_id(&backend), &self.name));
+        let owner = match &parent {
+            Some(h) => h.owner.clone(),
+            None => context::new_owner(),
+        };
+        let span = tracing::debug_span!("dlock.acquire", key = %self.name);
+        let _enter = span.enter();
+        drop(_enter);
+        let started = Instant::now();
+        let r = self.acquire_loop(&backend, owner, parent, started).await;
+        match &r {
+            Ok(g) => tracing::debug!(
+                parent: &span,
+                key = %self.name,
+                token = g.fencing_token(),
+                count = g.hold_count(),
+                waited_us = started.elapsed().as_micros() as u64,
+                "dlock: acquired"
+            ),
+            Err(e) => tracing::debug!(parent: &span, key = %self.name, error = %e, "dlock: not acquired"),
+        }
+        r
+    }
+
+    async fn acquire_loop(
+        &self,
+        backend: &Arc<dyn Backend>,
+        owner: Arc<str>,
+        parent: Option<Arc<crate::guard::Hold>>,
+        started: Instant,
+    ) -> Result<LockGuard, LockError> {
+        let name = self.name.as_str();
+        let deadline = started.checked_add(self.wait);
+        let mut watch: Option<Watch> = None;
+        let mut remaining: Option<Duration> = None;
+        let mut last_err: Option<LockError> = None;
+        // Queue behind local waiters instead of barging in, unless this is a re-entry, a
+        // single try, or nobody knows when the current lease ends.
+        let mut try_now = self.wait.is_zero() || parent.is_some() || !backend.has_waiters(name);
+        if !try_now {
+            let w = backend.watch(name).await?;
+            try_now = w.lease_end().is_none_or(|t| t <= Instant::now());
+            watch = Some(w);
+        }
+        loop {
+            if try_now {
+                let sent = Instant::now();
+                let attempt = try_acquire_owned(
+                    backend.clone(),
+                    name.to_string(),
+                    owner.clone(),
+                    self.ttl,
+                    parent.is_none(),
+                );
+                let outcome = match deadline.filter(|_| !self.wait.is_zero()) {
+                    Some(d) => match tokio::time::timeout_at(d, attempt).await {
+                        Ok(r) => r,
+                        Err(_) => {
+                            // The reply is late: if it turns out to be a grant, give it back, so a
+                            // timed-out acquire never leaves a hold (or an inflated count) behind.
+                            return Err(self.timed_out(started, remaining, last_err));
+                        }
+                    },
+                    None => attempt.await,
+                };
+                match outcome {
+                    Ok(Acquired::Granted { token, count }) => {
+                        if let Some(w) = &watch {
+                            w.note_remaining(self.ttl);
+                        }
+                        return Ok(LockGuard::new(
+                            GuardInit {
+                                backend: backend.clone(),
+                                name: self.name.clone(),
+                                owner,
+                                token,
+                                sent,
+                                ttl: self.ttl,
+                                watchdog: self.watchdog,
+                                max_hold: self.max_hold,
+                                hold_at_least: self.hold_at_least,
+                                parent,
+                            },
+                            count,
+                        ));
+                    }
+                    Ok(Acquired::Busy { remaining: r }) => {
+                        remaining = r;
+                        last_err = None;
+                        if let (Some(w), Some(r)) = (&watch, r) {
+                            w.note_remaining(r);
+                        }
+                        if self.wait.is_zero() {
+                            return Err(LockError::Busy {
+                                key: self.name.clone(),
+                                retry_after: r,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        if self.wait.is_zero() {
+                            return Err(e);
+                        }
+                        tracing::debug!(key = %self.name, error = %e, "dlock: acquire failed while waiting; retrying");
+                        last_err = Some(e);
+                    }
+                }
+            }
+            let now = Instant::now();
+            if deadline.is_some_and(|d| now >= d) {
+                return Err(self.timed_out(started, remaining, last_err));
+            }
+            let Some(w) = &watch else {
+                // Subscribe, then retry at once: a release between the failed try and the
+                // subscription is then not missed.
+                let fut = backend.watch(name);
+                let w = match deadline {
+                    Some(d) => match tokio::time::timeout_at(d, fut).await {
+                        Ok(w) => w?,
+                        Err(_) => return Err(self.timed_out(started, remaining, last_err)),
+                    },
+                    None => fut.await?,
+                };
+                watch = Some(w);
+                try_now = true;
+                continue;
+            };
+            // Sleep until a release wakes us, the holder's lease ends, or the deadline.
+            let mut until = deadline;
+            let lease_end = if last_err.is_some() {
+                Some(now + ERROR_BACKOFF)
+            } else {
+                w.lease_end()
+            };
+            if let Some(t) = lease_end {
+                // One millisecond past the reported end, as the server rounds to milliseconds.
+                let t = t + Duration::from_millis(1);
+                until = Some(until.map_or(t, |d| d.min(t)));
+            }
+            let sleep = async {
+                match until {
+                    Some(t) => tokio::time::sleep_until(t).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                biased;
+                _ = w.woken() => {}
+                _ = sleep => {}
+            }
+            try_now = true;
+        }
+    }
+
+    fn timed_out(
+        &self,
+        started: Instant,
+        remaining: Option<Duration>,
+        last_err: Option<LockError>,
+    ) -> LockError {
+        if let Some(e) = last_err {
+            return e;
+        }
+        LockError::TimedOut {
+            key: self.name.clone(),
+            waited: started.elapsed(),
+            retry_after: remaining,
+        }
+    }
+}
+
+/// One try, as a future that owns its inputs: when the caller stops waiting for it (a wait
+/// deadline, a dropped acquire future), the reply is still read and a grant that arrives late
+/// is given back.
+fn try_acquire_owned(
+    backend: Arc<dyn Backend>,
+    name: String,
+    owner: Arc<str>,
+    ttl: Duration,
+    fresh_owner: bool,
+) -> impl std::future::Future<Output = Result<Acquired, LockError>> + Send + 'static {
+    // A re-entry needs no clean-up: an extra count it may leave is cleared by the outermost
+    // release, which deletes the lock whatever the count.
+    let mut done = InFlight {
+        backend: fresh_owner.then_some(backend.clone()),
+        name,
+        owner,
+    };
+    async move {
+        let r = backend.try_acquire(&done.name, &done.owner, ttl).await;
+        done.disarm();
+        r
+    }
+}
+
+/// Drop guard for an acquire whose reply was not read. The owner id is fresh and used by this
+/// acquisition only, so releasing it is right whether or not the try reached the server: a grant
+/// is deleted, anything else answers `NotOwner`. A cancelled acquire thus leaves no lock behind.
+struct InFlight {
+    backend: Option<Arc<dyn Backend>>,
+    name: String,
+    owner: Arc<str>,
+}
+
+impl InFlight {
+    /// The reply was read: nothing to clean up.
+    fn disarm(&mut self) {
+        self.backend = None;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let Some(backend) = self.backend.take() else {
+            return;
+        };
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let name = std::mem::take(&mut self.name);
+        let owner = self.owner.clone();
+        rt.spawn(async move {
+            match backend.release(&name, &owner, None, true).await {
+                Ok(Released::NotOwner) | Ok(_) => {}
+                Err(e) => tracing::debug!(key = %name, error = %e, "dlock: cleanup after a cancelled acquire failed; the lease runs out by itself"),
+            }
+        });
+    }
+}

@@ -1,0 +1,211 @@
+//! Items only the `#[distributed_lock]` expansion calls. Not public API: no semver promise.
+#![allow(missing_docs, unreachable_pub)]
+
+use std::fmt::{Display, Write as _};
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+pub use crate::policy::{OnBusy, OnLost};
+use crate::{Lock, LockError, Policy};
+
+/// The attribute's options, as a `static` per annotated function. `None` means "not written in
+/// the attribute": the policy and the defaults decide.
+#[derive(Debug)]
+pub struct LockSpec {
+    pub fn_name: &'static str,
+    pub ttl: Option<Duration>,
+    pub wait: Option<Duration>,
+    pub backend: Option<&'static str>,
+    pub watchdog: Option<bool>,
+    pub on_busy: Option<OnBusy>,
+    pub hold_at_least: Option<Duration>,
+    pub on_lost: Option<OnLost>,
+    pub policy: Option<&'static str>,
+    pub resolved: OnceLock<Resolved>,
+}
+
+/// The settings in force for one annotated function, resolved at its first call.
+#[derive(Debug, Clone)]
+pub struct Resolved {
+    pub ttl: Duration,
+    pub wait: Duration,
+    pub backend: String,
+    pub watchdog: bool,
+    pub on_busy: OnBusy,
+    pub hold_at_least: Option<Duration>,
+    pub on_lost: OnLost,
+}
+
+impl LockSpec {
+    /// A spec with nothing set; the expansion uses struct-update syntax on it.
+    pub const EMPTY: LockSpec = LockSpec {
+        fn_name: "",
+        ttl: None,
+        wait: None,
+        backend: None,
+        watchdog: None,
+        on_busy: None,
+        hold_at_least: None,
+        on_lost: None,
+        policy: None,
+        resolved: OnceLock::new(),
+    };
+
+    fn attribute_layer(&self) -> Policy {
+        let mut p = Policy::new();
+        p.ttl = self.ttl;
+        p.wait = self.wait;
+        p.backend = self.backend.map(str::to_string);
+        p.watchdog = self.watchdog;
+        p.on_busy = self.on_busy;
+        p.hold_at_least = self.hold_at_least;
+        p.on_lost = self.on_lost;
+        p
+    }
+
+    /// The settings in force: attribute > policy (all its layers) > defaults. Cached after the
+    /// first success.
+    pub fn resolve(&self) -> Result<&Resolved, LockError> {
+        if let Some(r) = self.resolved.get() {
+            return Ok(r);
+        }
+        let mut p = self.attribute_layer();
+        if let Some(name) = self.policy {
+            p = p.or(&crate::policy::policy(name)?);
+        }
+        let r = Resolved {
+            ttl: p.ttl.unwrap_or(crate::DEFAULT_TTL),
+            wait: p.wait.unwrap_or(Duration::ZERO),
+            backend: p.backend.unwrap_or_else(|| crate::DEFAULT_BACKEND.to_string()),
+            watchdog: p.watchdog.unwrap_or(true),
+            on_busy: p.on_busy.unwrap_or(OnBusy::Error),
+            hold_at_least: p.hold_at_least,
+            on_lost: p.on_lost.unwrap_or(OnLost::Cancel),
+        };
+        if r.ttl.is_zero() {
+            return Err(LockError::Config(format!(
+                "`{}`: the resolved ttl is zero",
+                self.fn_name
+            )));
+        }
+        Ok(self.resolved.get_or_init(|| r))
+    }
+}
+
+/// Acquires the lock `key` as `spec` says, runs `body` inside the lock context, and awaits the
+/// release before returning. Busy, timed-out, lost (with `on_lost = cancel`) and backend errors
+/// come back as `Err`; a failed release after the body ran is logged, not returned, since the
+/// body's effects already happened.
+pub async fn run_locked<F: Future>(
+    spec: &'static LockSpec,
+    key: String,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let r = spec.resolve()?;
+    let mut lock = Lock::new(key)
+        .ttl(r.ttl)
+        .wait(r.wait)
+        .watchdog(r.watchdog)
+        .backend(r.backend.clone());
+    if let Some(h) = r.hold_at_least {
+        lock = lock.hold_at_least(h);
+    }
+    let guard = lock.acquire().await?;
+    let out = match r.on_lost {
+        OnLost::Continue => Ok(guard.scope(body).await),
+        _ => {
+            let lost = guard.lost_token();
+            tokio::select! {
+                biased;
+                out = guard.scope(body) => Ok(out),
+                _ = lost.cancelled() => Err(LockError::Lost {
+                    key: guard.key().to_string(),
+                    reason: guard.lost_reason().unwrap_or(crate::LostReason::Deadline),
+                }),
+            }
+        }
+    };
+    let key_for_log = if out.is_ok() { Some(guard.key().to_string()) } else { None };
+    if let Err(e) = guard.release().await {
+        if let Some(key) = key_for_log {
+            tracing::warn!(function = spec.fn_name, key = %key, error = %e, "dlock: release after the body failed");
+        }
+    }
+    out
+}
+
+/// For `on_busy = "skip"`: the value returned instead of running the body (`()` or `None`).
+/// A busy or timed-out lock is a `debug` event; any other error is an `error` event, since the
+/// return type has no room for it.
+pub fn skipped<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
+    if err.is_contended() {
+        tracing::debug!(function = spec.fn_name, error = %err, "dlock: lock busy; skipped");
+    } else {
+        tracing::error!(function = spec.fn_name, error = %err, "dlock: lock not taken; skipped");
+    }
+    T::default()
+}
+
+/// Builds a lock name from a key template. Literal parts are copied; interpolated values are
+/// formatted with `Display` and escaped: `\` and every character of `special` (the first
+/// characters of the literals that follow placeholders) get a `\` before them, so values cannot
+/// forge another key. A value with none of those characters renders unchanged.
+#[derive(Debug, Default)]
+pub struct KeyBuf(String);
+
+impl KeyBuf {
+    pub fn with_capacity(n: usize) -> Self {
+        KeyBuf(String::with_capacity(n))
+    }
+
+    pub fn lit(&mut self, s: &str) {
+        self.0.push_str(s);
+    }
+
+    pub fn value(&mut self, v: &dyn Display, special: &str) {
+        let start = self.0.len();
+        let _ = write!(self.0, "{v}");
+        let needs = self.0[start..]
+            .chars()
+            .any(|c| c == '\\' || special.contains(c));
+        if needs {
+            let raw = self.0.split_off(start);
+            for c in raw.chars() {
+                if c == '\\' || special.contains(c) {
+                    self.0.push('\\');
+                }
+                self.0.push(c);
+            }
+        }
+    }
+
+    pub fn finish(self) -> String {
+        self.0
+    }
+}
+
+/// Compile-time check helpers: the expansion calls these with `quote_spanned!` at the user's
+/// types so that a missing bound is reported there.
+pub fn assert_display<T: Display + ?Sized>(_: &T) {}
+
+#[cfg(test)]
+mod tests {
+    use super::KeyBuf;
+
+    fn render(a: &str, b: &str) -> String {
+        let mut k = KeyBuf::default();
+        k.lit("a:");
+        k.value(&a, ":");
+        k.lit(":");
+        k.value(&b, "");
+        k.finish()
+    }
+
+    #[test]
+    fn values_cannot_forge_another_key() {
+        assert_ne!(render("1:2", "3"), render("1", "2:3"));
+        assert_eq!(render("1", "2"), "a:1:2");
+        assert_ne!(render("1\\", ":2"), render("1\\:", "2"));
+    }
+}

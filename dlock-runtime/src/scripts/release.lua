@@ -1,0 +1,26 @@
+-- dlock release: give back one hold, owner-checked.
+-- KEYS[1] lock hash `dlock:{E}`
+-- ARGV[1] owner id, ARGV[2] keep-for in ms (0: delete now), ARGV[3] release channel `dlock:{E}:rel`,
+-- ARGV[4] '1' to give back every hold of the owner (the outermost guard), '0' for one
+-- Returns -1 when the caller is not the owner (nothing changed), the remaining hold count when
+-- holds remain, 0 when the lock was freed (deleted and one wake-up published, or kept until
+-- keep-for runs out, without a wake-up).
+if (tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0) <= 0 then
+  return -1
+end
+local count = 0
+if ARGV[4] ~= '1' then
+  count = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+end
+if count > 0 then
+  return count
+end
+local keep = tonumber(ARGV[2])
+if keep > 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], 0)
+  redis.call('PEXPIRE', KEYS[1], keep)
+  return 0
+end
+redis.call('DEL', KEYS[1])
+redis.call('PUBLISH', ARGV[3], '1')
+return 0

@@ -1,0 +1,250 @@
+//! Local wait queues: one FIFO per lock name, a release wakes one waiter, not all.
+//!
+//! Both backends use this: the in-memory backend wakes a queue on release directly, the Redis
+//! backend from the pub/sub message of a release. A waiter stays in its queue while it retries,
+//! so a release that lands during a retry marks it again instead of being lost; a waiter that
+//! leaves with an unused wake-up passes it on to the next one.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+#[derive(Debug)]
+struct Slot {
+    id: u64,
+    woken: AtomicBool,
+    notify: Notify,
+}
+
+impl Slot {
+    fn wake(&self) {
+        self.woken.store(true, Ordering::Release);
+        self.notify.notify_one();
+    }
+}
+
+#[derive(Debug, Default)]
+struct Queue {
+    slots: VecDeque<Arc<Slot>>,
+    /// When the current holder's lease ends, as last reported by a failed try.
+    lease_end: Option<Instant>,
+}
+
+/// Called when a queue becomes empty (the Redis backend unsubscribes then).
+pub(crate) type OnEmpty = Box<dyn Fn(&str) + Send + Sync>;
+
+/// All wait queues of one backend (per runtime, for Redis).
+pub(crate) struct WaitQueues {
+    queues: Mutex<HashMap<String, Queue>>,
+    next_id: AtomicU64,
+    on_empty: Option<OnEmpty>,
+}
+
+impl fmt::Debug for WaitQueues {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WaitQueues")
+            .field("queues", &self.lock().len())
+            .finish()
+    }
+}
+
+impl WaitQueues {
+    pub(crate) fn new(on_empty: Option<OnEmpty>) -> Arc<Self> {
+        Arc::new(WaitQueues {
+            queues: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            on_empty,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Queue>> {
+        // A panic while holding this lock cannot leave the map inconsistent (every update is a
+        // single push/remove), so a poisoned lock is still usable.
+        self.queues.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Adds a waiter at the back of `key`'s queue. Returns the watch and whether the queue was
+    /// empty before (the caller then subscribes).
+    pub(crate) fn register(self: &Arc<Self>, key: &str) -> (Watch, bool) {
+        let slot = Arc::new(Slot {
+            id: self.next_id.fetch_add(1, Ordering::Relaxed),
+            woken: AtomicBool::new(false),
+            notify: Notify::new(),
+        });
+        let mut map = self.lock();
+        let first = match map.get_mut(key) {
+            Some(q) => {
+                q.slots.push_back(slot.clone());
+                false
+            }
+            None => {
+                let mut q = Queue::default();
+                q.slots.push_back(slot.clone());
+                map.insert(key.to_string(), q);
+                true
+            }
+        };
+        drop(map);
+        (
+            Watch {
+                queues: Arc::downgrade(self),
+                key: key.to_string(),
+                slot,
+                fallback_only: false,
+            },
+            first,
+        )
+    }
+
+    /// True when `key` has waiters.
+    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+        self.lock().contains_key(key)
+    }
+
+    /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.
+    pub(crate) fn wake_one(&self, key: &str) -> bool {
+        let map = self.lock();
+        if let Some(q) = map.get(key) {
+            if let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire)) {
+                s.wake();
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Wakes every waiter (after a lost pub/sub connection: releases may have been missed).
+    pub(crate) fn wake_all(&self) {
+        for q in self.lock().values() {
+            for s in &q.slots {
+                s.wake();
+            }
+        }
+    }
+
+    /// Number of waiters over all names (for tests and metrics).
+    pub(crate) fn waiter_count(&self) -> usize {
+        self.lock().values().map(|q| q.slots.len()).sum()
+    }
+
+    fn set_lease_end(&self, key: &str, end: Instant) {
+        if let Some(q) = self.lock().get_mut(key) {
+            q.lease_end = Some(end);
+        }
+    }
+
+    fn lease_end(&self, key: &str) -> Option<Instant> {
+        self.lock().get(key).and_then(|q| q.lease_end)
+    }
+
+    fn is_head(&self, key: &str, id: u64) -> bool {
+        self.lock()
+            .get(key)
+            .and_then(|q| q.slots.front())
+            .is_some_and(|s| s.id == id)
+    }
+
+    fn remove(&self, key: &str, slot: &Slot) {
+        let mut map = self.lock();
+        let Some(q) = map.get_mut(key) else { return };
+        q.slots.retain(|s| s.id != slot.id);
+        if q.slots.is_empty() {
+            map.remove(key);
+            drop(map);
+            if let Some(cb) = &self.on_empty {
+                cb(key);
+            }
+            return;
+        }
+        // An unused wake-up goes to the next waiter, so a release is never swallowed by a
+        // waiter that gave up.
+        if slot.woken.load(Ordering::Acquire) {
+            if let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire)) {
+                s.wake();
+            }
+        }
+    }
+}
+
+/// A place in the wait queue of one lock name, returned by [`crate::Backend::watch`].
+///
+/// Dropping it leaves the queue; a wake-up it received but did not use is passed on.
+pub struct Watch {
+    queues: Weak<WaitQueues>,
+    key: String,
+    slot: Arc<Slot>,
+    fallback_only: bool,
+}
+
+impl fmt::Debug for Watch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Watch")
+            .field("key", &self.key)
+            .field("woken", &self.slot.woken.load(Ordering::Relaxed))
+            .field("fallback_only", &self.fallback_only)
+            .finish()
+    }
+}
+
+impl Watch {
+    /// Marks this watch as one that cannot be woken by releases (pub/sub unavailable): waiting
+    /// then relies on the holder's remaining lease alone.
+    pub(crate) fn set_fallback_only(&mut self) {
+        self.fallback_only = true;
+    }
+
+    /// True when wake-ups cannot reach this watch (the backend's pub/sub is unavailable).
+    pub fn is_fallback_only(&self) -> bool {
+        self.fallback_only
+    }
+
+    /// Waits until a release wakes this waiter, consuming the wake-up. Returns at once when a
+    /// wake-up arrived since the last call.
+    pub async fn woken(&self) {
+        loop {
+            let notified = self.slot.notify.notified();
+            if self.slot.woken.swap(false, Ordering::AcqRel) {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Consumes a pending wake-up without waiting. Returns whether there was one.
+    pub fn take_wake(&self) -> bool {
+        self.slot.woken.swap(false, Ordering::AcqRel)
+    }
+
+    /// True when this waiter is first in its queue.
+    pub fn is_head(&self) -> bool {
+        self.queues
+            .upgrade()
+            .is_some_and(|q| q.is_head(&self.key, self.slot.id))
+    }
+
+    /// Records when the holder's lease ends, as a failed try reported it, for waiters that
+    /// queue later without trying.
+    pub fn note_remaining(&self, remaining: Duration) {
+        if let Some(q) = self.queues.upgrade() {
+            q.set_lease_end(&self.key, Instant::now() + remaining);
+        }
+    }
+
+    /// When the holder's lease ends, as last reported to this queue.
+    pub fn lease_end(&self) -> Option<Instant> {
+        self.queues.upgrade().and_then(|q| q.lease_end(&self.key))
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        if let Some(q) = self.queues.upgrade() {
+            q.remove(&self.key, &self.slot);
+        }
+    }
+}
