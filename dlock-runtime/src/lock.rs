@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
+use tracing::Instrument;
 
 use crate::backend::{Acquired, Backend, Released, Watch};
 use crate::context;
@@ -163,10 +164,11 @@ impl Lock {
             None => context::new_owner(),
         };
         let span = tracing::debug_span!("dlock.acquire", key = %self.name);
-        let _enter = span.enter();
-        drop(_enter);
         let started = Instant::now();
-        let r = self.acquire_loop(&backend, owner, parent, started).await;
+        let r = self
+            .acquire_loop(&backend, owner, parent, started)
+            .instrument(span.clone())
+            .await;
         match &r {
             Ok(g) => tracing::debug!(
                 parent: &span,
@@ -246,8 +248,10 @@ impl Lock {
                     Ok(Acquired::Busy { remaining: r }) => {
                         remaining = r;
                         last_err = None;
-                        if let (Some(w), Some(r)) = (&watch, r) {
-                            w.note_remaining(r);
+                        if let Some(w) = &watch {
+                            // No reported expiry (a key without a ttl): assume one lease of ours,
+                            // so that waiting never turns into a tight retry loop.
+                            w.note_remaining(r.unwrap_or(self.ttl));
                         }
                         if self.wait.is_zero() {
                             return Err(LockError::Busy {
