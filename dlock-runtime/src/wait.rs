@@ -109,11 +109,11 @@ impl WaitQueues {
     /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.
     pub(crate) fn wake_one(&self, key: &str) -> bool {
         let map = self.lock();
-        if let Some(q) = map.get(key) {
-            if let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire)) {
-                s.wake();
-                return true;
-            }
+        if let Some(q) = map.get(key)
+            && let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire))
+        {
+            s.wake();
+            return true;
         }
         false
     }
@@ -163,10 +163,10 @@ impl WaitQueues {
         }
         // An unused wake-up goes to the next waiter, so a release is never swallowed by a
         // waiter that gave up.
-        if slot.woken.load(Ordering::Acquire) {
-            if let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire)) {
-                s.wake();
-            }
+        if slot.woken.load(Ordering::Acquire)
+            && let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire))
+        {
+            s.wake();
         }
     }
 }

@@ -70,20 +70,20 @@ impl MemoryBackend {
     fn try_acquire_now(&self, name: &str, owner: &str, ttl: Duration) -> Acquired {
         let now = Instant::now();
         let mut map = self.lock();
-        if let Some(e) = map.get_mut(name) {
-            if e.expires > now {
-                if e.owner == owner {
-                    e.count = e.count.saturating_add(1);
-                    e.expires = e.expires.max(now + ttl);
-                    return Acquired::Granted {
-                        token: e.token,
-                        count: e.count,
-                    };
-                }
-                return Acquired::Busy {
-                    remaining: Some(e.expires - now),
+        if let Some(e) = map.get_mut(name)
+            && e.expires > now
+        {
+            if e.owner == owner {
+                e.count = e.count.saturating_add(1);
+                e.expires = e.expires.max(now + ttl);
+                return Acquired::Granted {
+                    token: e.token,
+                    count: e.count,
                 };
             }
+            return Acquired::Busy {
+                remaining: Some(e.expires - now),
+            };
         }
         // Sweep expired entries now and then so abandoned names do not accumulate.
         if map.len() >= 1024 && map.len().is_power_of_two() {

@@ -107,11 +107,12 @@ impl RedisBackendBuilder {
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let pubsub_client =
-            Client::open(info.set_redis_settings(resp3)).map_err(|e| LockError::Config(format!(
+        let pubsub_client = Client::open(info.set_redis_settings(resp3)).map_err(|e| {
+            LockError::Config(format!(
                 "invalid Redis URL {redacted}: {}",
                 e.detail().unwrap_or("cannot parse it")
-            )))?;
+            ))
+        })?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 client,
@@ -250,9 +251,11 @@ impl RedisBackend {
                 Err(oneshot::error::TryRecvError::Closed)
             )
         });
-        let data =
-            ConnectionManager::new_lazy_with_config(self.inner.client.clone(), self.manager_config())
-                .map_err(|e| map_err(key, e))?;
+        let data = ConnectionManager::new_lazy_with_config(
+            self.inner.client.clone(),
+            self.manager_config(),
+        )
+        .map_err(|e| map_err(key, e))?;
         let sub = self.new_subscriber(&handle, key)?;
         let (tx, alive) = oneshot::channel::<()>();
         handle.spawn(async move {
@@ -285,10 +288,10 @@ impl RedisBackend {
             };
             match info.kind {
                 PushKind::Message => {
-                    if let Some(redis::Value::BulkString(ch)) = info.data.first() {
-                        if let Ok(ch) = std::str::from_utf8(ch) {
-                            queues.wake_one(ch);
-                        }
+                    if let Some(redis::Value::BulkString(ch)) = info.data.first()
+                        && let Ok(ch) = std::str::from_utf8(ch)
+                    {
+                        queues.wake_one(ch);
                     }
                 }
                 PushKind::Disconnection => {
@@ -341,11 +344,9 @@ impl RedisBackend {
         redis::cmd("PING")
             .query_async::<String>(&mut con)
             .await
-            .map_err(|e| {
-                LockError::Backend {
-                    key: String::new(),
-                    source: format!("cannot reach Redis at {}: {e}", self.inner.url).into(),
-                }
+            .map_err(|e| LockError::Backend {
+                key: String::new(),
+                source: format!("cannot reach Redis at {}: {e}", self.inner.url).into(),
             })?;
         Ok(())
     }
@@ -361,22 +362,23 @@ impl RedisBackend {
             .arg("maxmemory-policy")
             .query_async(&mut con)
             .await;
-        if let Ok(v) = r {
-            if let Some(policy) = v.get(1) {
-                if policy != "noeviction" {
-                    tracing::warn!(
-                        url = %self.inner.url,
-                        policy = %policy,
-                        "dlock: Redis may evict keys (maxmemory-policy is not noeviction); an evicted lock is lost silently"
-                    );
-                }
-            }
+        if let Ok(v) = r
+            && let Some(policy) = v.get(1)
+            && policy != "noeviction"
+        {
+            tracing::warn!(
+                url = %self.inner.url,
+                policy = %policy,
+                "dlock: Redis may evict keys (maxmemory-policy is not noeviction); an evicted lock is lost silently"
+            );
         }
     }
 
     /// Number of callers of the current runtime waiting on this backend.
     pub fn waiter_count(&self) -> usize {
-        self.conn("").map(|(_, s)| s.queues.waiter_count()).unwrap_or(0)
+        self.conn("")
+            .map(|(_, s)| s.queues.waiter_count())
+            .unwrap_or(0)
     }
 }
 
@@ -526,9 +528,6 @@ mod tests {
             "redis://:***@localhost"
         );
         assert_eq!(redact_url("redis://127.0.0.1/0"), "redis://127.0.0.1/0");
-        assert_eq!(
-            redact_url("rediss://u:p@w@h:1/0"),
-            "rediss://u:***@h:1/0"
-        );
+        assert_eq!(redact_url("rediss://u:p@w@h:1/0"), "rediss://u:***@h:1/0");
     }
 }
