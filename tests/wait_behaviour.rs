@@ -1,0 +1,288 @@
+//! Waiting (RELIABILITY.md A6, A7), run against both backends: prompt hand-off on release (no
+//! polling), many waiters in turn, wait deadlines, and no leftovers after contention.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Env, Kind};
+use dlock::{Lock, LockError};
+
+both_backends!(
+    waiter_acquires_within_milliseconds_of_a_release_not_at_lease_end,
+    sixteen_waiters_all_acquire_in_turn_never_two_at_once,
+    wait_deadline_gives_timed_out_at_the_deadline,
+    waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release,
+    cancelled_and_timed_out_waiters_leave_nothing_behind,
+    hygiene_no_channels_keys_or_waiters_left_after_contention,
+);
+
+/// A waiter on a 30 s lease acquires within 200 ms of the release: it is woken (pub/sub or the
+/// local queue), not left to poll at the lease end.
+async fn waiter_acquires_within_milliseconds_of_a_release_not_at_lease_end(env: Env) {
+    let other = env.another_backend().await;
+    for round in 0..5 {
+        let name = format!("handoff-{round}");
+        let holder = env
+            .lock(&name)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let l = Lock::new(name.clone())
+            .with_backend(other.clone())
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(10));
+        let waiter = tokio::spawn(async move {
+            let g = l.acquire().await;
+            (Instant::now(), g)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!waiter.is_finished(), "waiter got a held lock");
+        let released = Instant::now();
+        holder.release().await.unwrap();
+        let (at, g) = waiter.await.unwrap();
+        let g = g.expect("waiter acquires after the release");
+        let handoff = at.saturating_duration_since(released);
+        assert!(
+            handoff < Duration::from_millis(200),
+            "hand-off took {handoff:?} (round {round})"
+        );
+        g.release().await.unwrap();
+    }
+}
+
+/// A6: 16 waiters queued on one held key all acquire, one at a time.
+async fn sixteen_waiters_all_acquire_in_turn_never_two_at_once(env: Env) {
+    let clients = [env.backend(), env.another_backend().await];
+    for round in 0..3 {
+        let name = format!("queue-{round}");
+        let holder = env
+            .lock(&name)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let inside = Arc::new(AtomicUsize::new(0));
+        let overlaps = Arc::new(AtomicUsize::new(0));
+        let mut waiters = Vec::new();
+        for i in 0..16 {
+            let l = Lock::new(name.clone())
+                .with_backend(clients[i % 2].clone())
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(20));
+            let (inside, overlaps) = (inside.clone(), overlaps.clone());
+            waiters.push(tokio::spawn(async move {
+                let g = l.acquire().await?;
+                if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+                    overlaps.fetch_add(1, Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                inside.fetch_sub(1, Ordering::SeqCst);
+                let t = g.fencing_token();
+                g.release().await?;
+                Ok::<u64, LockError>(t)
+            }));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let started = Instant::now();
+        holder.release().await.unwrap();
+        let mut tokens = Vec::new();
+        for w in waiters {
+            tokens.push(w.await.unwrap().expect("every waiter acquires"));
+        }
+        // 16 hand-offs with a 5 ms body: polling at the 30 s lease end would take minutes.
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "16 hand-offs took {:?}",
+            started.elapsed()
+        );
+        assert_eq!(
+            overlaps.load(Ordering::SeqCst),
+            0,
+            "two waiters held it at once"
+        );
+        tokens.sort_unstable();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 16, "fencing tokens repeated");
+    }
+}
+
+/// A6: a waiter on a lock that stays held fails with `TimedOut` at its deadline.
+async fn wait_deadline_gives_timed_out_at_the_deadline(env: Env) {
+    let holder = env
+        .lock("deadline")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let other = env.another_backend().await;
+    let mut tasks = Vec::new();
+    for wait_ms in [100u64, 400, 700] {
+        let l = Lock::new("deadline")
+            .with_backend(other.clone())
+            .wait(Duration::from_millis(wait_ms));
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = l.acquire().await;
+            (wait_ms, t0.elapsed(), r)
+        }));
+    }
+    for t in tasks {
+        let (wait_ms, took, r) = t.await.unwrap();
+        let wait = Duration::from_millis(wait_ms);
+        let e = r.unwrap_err();
+        let LockError::TimedOut {
+            waited,
+            retry_after,
+            ..
+        } = &e
+        else {
+            panic!("expected TimedOut, got {e:?}");
+        };
+        assert!(
+            took >= wait && took < wait + Duration::from_millis(250),
+            "wait {wait:?} ended after {took:?}"
+        );
+        assert!(*waited >= wait, "reported waited {waited:?}");
+        let r = retry_after.expect("retry_after known from the busy replies");
+        assert!(r > Duration::from_secs(20), "retry_after {r:?}");
+    }
+    holder.release().await.unwrap();
+}
+
+/// B1 in one process: a lease that is neither renewed nor released ends by its ttl; a waiter
+/// gets it then (PTTL timer: no release is ever published), not before.
+async fn waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release(env: Env) {
+    let ttl = Duration::from_millis(800);
+    let holder = env
+        .lock("expires")
+        .ttl(ttl)
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    let granted = Instant::now();
+    let other = env.another_backend().await;
+    let g = Lock::new("expires")
+        .with_backend(other)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("waiter gets the expired lease");
+    let at = granted.elapsed();
+    assert!(
+        at >= ttl - Duration::from_millis(50),
+        "waiter got the lock {at:?} after the grant, before the ttl {ttl:?}"
+    );
+    assert!(
+        at < ttl + Duration::from_millis(400),
+        "waiter got it only after {at:?}"
+    );
+    assert!(g.fencing_token() > holder.fencing_token());
+    std::mem::forget(holder); // its release would be a NotOwner no-op anyway
+    g.release().await.unwrap();
+}
+
+/// B5 (small): waiters that are cancelled (dropped futures) or time out leave no hold, no queue
+/// entry and no subscription; the next waiter still gets the lock on release.
+async fn cancelled_and_timed_out_waiters_leave_nothing_behind(env: Env) {
+    let holder = env
+        .lock("cancel")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let other = env.another_backend().await;
+    for i in 0..60u64 {
+        let l = Lock::new("cancel")
+            .with_backend(other.clone())
+            .wait(Duration::from_millis(if i % 2 == 0 { 3 } else { 10_000 }));
+        let _ = tokio::time::timeout(Duration::from_millis(i % 5), l.acquire()).await;
+    }
+    let last = Lock::new("cancel")
+        .with_backend(other.clone())
+        .wait(Duration::from_secs(10));
+    let last = tokio::spawn(async move { last.acquire().await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let g = last.await.unwrap().expect("the remaining waiter acquires");
+    assert!(released.elapsed() < Duration::from_millis(500));
+    g.release().await.unwrap();
+    assert_no_leftovers(&env, &other).await;
+}
+
+/// A7: after many contended acquire/release cycles nothing is left: no lock keys, no release
+/// channels (`PUBSUB CHANNELS dlock:*`), no local waiters.
+async fn hygiene_no_channels_keys_or_waiters_left_after_contention(env: Env) {
+    let clients = [env.backend(), env.another_backend().await];
+    let mut tasks = Vec::new();
+    for t in 0..8 {
+        let b = clients[t % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..40 {
+                let name = format!("hyg-{}", (t + i) % 4);
+                let g = Lock::new(name)
+                    .with_backend(b.clone())
+                    .ttl(Duration::from_secs(10))
+                    .wait(Duration::from_secs(30))
+                    .acquire()
+                    .await
+                    .expect("acquire");
+                tokio::task::yield_now().await;
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    for c in &clients {
+        assert_no_leftovers(&env, c).await;
+    }
+}
+
+async fn assert_no_leftovers(env: &Env, client: &Arc<dyn dlock::Backend>) {
+    match env.kind {
+        Kind::Redis => {
+            let mut con = env.server().admin_async().await;
+            let settled = common::eventually(Duration::from_secs(3), || {
+                let mut con = con.clone();
+                async move {
+                    let ch: Vec<String> = redis::cmd("PUBSUB")
+                        .arg("CHANNELS")
+                        .arg("dlock:*")
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                    ch.is_empty()
+                }
+            })
+            .await;
+            let ch: Vec<String> = redis::cmd("PUBSUB")
+                .arg("CHANNELS")
+                .arg("dlock:*")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            assert!(settled, "release channels still subscribed: {ch:?}");
+            let keys: Vec<String> = redis::cmd("KEYS")
+                .arg("dlock:*")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let locks: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":fence")).collect();
+            assert!(locks.is_empty(), "lock keys left: {locks:?}");
+        }
+        Kind::Memory => {
+            assert_eq!(env.memory_locked_count(), 0, "locks left");
+        }
+    }
+    assert!(
+        !client.has_waiters("cancel") && !client.has_waiters("hyg-0"),
+        "local waiters left"
+    );
+}
