@@ -8,7 +8,12 @@
 //! * [`Backend`] is the one trait every store implements; [`RedisBackend`] and [`MemoryBackend`]
 //!   are built in. [`init`], [`init_named`] and [`register`] fill the process-global registry.
 //! * [`redis_keys`] documents how a lock name maps to Redis keys.
-#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 #![doc(test(attr(deny(warnings))))]
 
 mod backend;
@@ -33,6 +38,9 @@ pub use error::{LockError, LostReason};
 pub use guard::LockGuard;
 pub use key::{MAX_KEY_LEN, RedisKeys, redis_keys};
 pub use lock::{DEFAULT_TTL, Lock};
-pub use policy::{OnBusy, OnLost, Policy, define_policy, policy};
+pub use policy::{
+    OnBusy, OnLost, Policy, define_policy, load_policies, load_policies_str, policy,
+    policy_env_var, policy_names,
+};
 pub use registry::{DEFAULT_BACKEND, backend, init, init_named, register, register_arc};
 pub use tokio_util::sync::CancellationToken;

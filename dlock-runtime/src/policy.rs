@@ -1,9 +1,51 @@
 //! Named lock policies: settings that ops teams change without touching code.
 //!
-//! A policy names any of ttl, wait, backend, watchdog, on_busy, hold_at_least and on_lost.
-//! `#[distributed_lock(policy = "payments", ...)]` takes its settings from the policy; options
-//! written in the attribute win over it. Precedence, highest first:
-//! attribute > environment > policy file > policy defined in code > built-in defaults.
+//! A policy names any of `ttl`, `wait`, `backend`, `watchdog`, `on_busy`, `hold_at_least` and
+//! `on_lost`. `#[distributed_lock(key = "...", policy = "payments")]` takes its settings from the
+//! policy; options written in the attribute win over it.
+//!
+//! # Where policies come from
+//!
+//! * **Code**: [`define_policy`]`("payments", policy)`.
+//! * **A TOML file** loaded at start-up with [`load_policies`] (or a string with
+//!   [`load_policies_str`]); durations are humantime strings:
+//!
+//!   ```toml
+//!   [policy.payments]
+//!   ttl = "10s"
+//!   wait = "2s"
+//!   backend = "default"
+//!   watchdog = true
+//!   on_busy = "skip"          # or "error"
+//!   hold_at_least = "1m"
+//!   on_lost = "cancel"        # or "continue"
+//!   ```
+//!
+//! * **Environment variables** `DLOCK_POLICY_<NAME>_<FIELD>`, read when a policy is looked up:
+//!   `<NAME>` is the policy name uppercased with every character other than `A-Z`/`0-9` turned
+//!   into `_`, `<FIELD>` one of `TTL`, `WAIT`, `BACKEND`, `WATCHDOG`, `ON_BUSY`,
+//!   `HOLD_AT_LEAST`, `ON_LOST`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
+//!   `DLOCK_POLICY_NIGHTLY_REPORT_ON_BUSY=skip` for the policy `nightly-report`. Values are
+//!   written as in the file (`true`/`false` for `WATCHDOG`). A policy that only the environment
+//!   names exists too.
+//!
+//! # Precedence
+//!
+//! Highest first, field by field:
+//!
+//! **attribute > environment > policy file > policy defined in code > built-in defaults**
+//!
+//! (defaults: ttl 30 s, wait 0, backend `"default"`, watchdog on, on_busy error, no
+//! hold_at_least, on_lost cancel). Loading a second file replaces the fields it names.
+//!
+//! A `#[distributed_lock]` function resolves its settings once, at its first call, and keeps
+//! them: define and load policies at start-up, before the first locked call. A policy name
+//! that no layer defines makes that call fail with [`LockError::UnknownPolicy`], which lists
+//! the known names; a malformed environment value fails it with [`LockError::Config`].
+//!
+//! `on_busy` from a policy applies to functions whose attribute does not set it, as far as the
+//! return type allows: a `Result` always carries the busy error, a function returning `()` or
+//! `Option<T>` always skips.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, RwLock};
@@ -73,6 +115,20 @@ impl Policy {
 static POLICIES: LazyLock<RwLock<HashMap<String, Policy>>> =
     LazyLock::new(|| RwLock::new(HashMap::new()));
 
+/// Policies loaded from TOML (a layer above those defined in code).
+static FILE_POLICIES: LazyLock<RwLock<HashMap<String, Policy>>> =
+    LazyLock::new(|| RwLock::new(HashMap::new()));
+
+const FIELDS: [&str; 7] = [
+    "ttl",
+    "wait",
+    "backend",
+    "watchdog",
+    "on_busy",
+    "hold_at_least",
+    "on_lost",
+];
+
 /// Defines (or replaces) the policy `name` in code.
 pub fn define_policy(name: &str, policy: Policy) {
     POLICIES
@@ -81,18 +137,258 @@ pub fn define_policy(name: &str, policy: Policy) {
         .insert(name.to_string(), policy);
 }
 
-/// The policy `name` with every layer applied, or [`LockError::UnknownPolicy`].
-pub fn policy(name: &str) -> Result<Policy, LockError> {
-    let map = POLICIES.read().unwrap_or_else(|e| e.into_inner());
-    match map.get(name) {
-        Some(p) => Ok(p.clone()),
-        None => {
-            let mut known: Vec<String> = map.keys().cloned().collect();
-            known.sort();
-            Err(LockError::UnknownPolicy {
-                name: name.to_string(),
-                known,
-            })
+/// Loads policies from a TOML file (format in the [module docs](self)). Fields it names replace
+/// those of earlier loads; the whole file is checked before anything is applied.
+pub fn load_policies(path: impl AsRef<std::path::Path>) -> Result<(), LockError> {
+    let path = path.as_ref();
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        LockError::Config(format!(
+            "cannot read the policy file {}: {e}",
+            path.display()
+        ))
+    })?;
+    load_policies_str(&text).map_err(|e| match e {
+        LockError::Config(m) => LockError::Config(format!("{}: {m}", path.display())),
+        e => e,
+    })
+}
+
+/// Loads policies from TOML text (format in the [module docs](self)).
+pub fn load_policies_str(text: &str) -> Result<(), LockError> {
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e| LockError::Config(format!("policy file: {e}")))?;
+    let mut parsed = Vec::new();
+    for (top, value) in &table {
+        if top != "policy" {
+            return Err(LockError::Config(format!(
+                "policy file: unknown top-level key `{top}`; write policies as `[policy.<name>]`"
+            )));
         }
+        let toml::Value::Table(policies) = value else {
+            return Err(LockError::Config(
+                "policy file: `policy` must be a table of `[policy.<name>]` sections".into(),
+            ));
+        };
+        for (name, body) in policies {
+            let toml::Value::Table(fields) = body else {
+                return Err(LockError::Config(format!(
+                    "policy file: `policy.{name}` must be a table"
+                )));
+            };
+            let mut p = Policy::new();
+            for (field, v) in fields {
+                let text = match v {
+                    toml::Value::String(s) => s.clone(),
+                    toml::Value::Boolean(b) => b.to_string(),
+                    other => {
+                        return Err(LockError::Config(format!(
+                            "policy file: `policy.{name}.{field}` must be a string or a boolean, not {}",
+                            other.type_str()
+                        )));
+                    }
+                };
+                set_field(&mut p, field, &text).map_err(|m| {
+                    LockError::Config(format!("policy file: `policy.{name}.{field}`: {m}"))
+                })?;
+            }
+            parsed.push((name.clone(), p));
+        }
+    }
+    let mut map = FILE_POLICIES.write().unwrap_or_else(|e| e.into_inner());
+    for (name, p) in parsed {
+        let merged = match map.get(&name) {
+            Some(old) => p.or(old),
+            None => p,
+        };
+        map.insert(name, merged);
+    }
+    Ok(())
+}
+
+/// The environment variable for `field` of the policy `name` (see the [module docs](self)).
+pub fn policy_env_var(name: &str, field: &str) -> String {
+    let mangle = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() {
+                    c.to_ascii_uppercase()
+                } else {
+                    '_'
+                }
+            })
+            .collect()
+    };
+    format!("DLOCK_POLICY_{}_{}", mangle(name), mangle(field))
+}
+
+/// The environment layer of `name`: `None` when no variable for it is set.
+fn env_layer(name: &str) -> Result<Option<Policy>, LockError> {
+    let mut p = Policy::new();
+    let mut any = false;
+    for field in FIELDS {
+        let var = policy_env_var(name, field);
+        let Some(value) = std::env::var_os(&var) else {
+            continue;
+        };
+        let value = value
+            .into_string()
+            .map_err(|_| LockError::Config(format!("{var} is not valid UTF-8")))?;
+        set_field(&mut p, field, value.trim())
+            .map_err(|m| LockError::Config(format!("{var}={value:?}: {m}")))?;
+        any = true;
+    }
+    Ok(any.then_some(p))
+}
+
+fn set_field(p: &mut Policy, field: &str, v: &str) -> Result<(), String> {
+    let dur = |v: &str| {
+        humantime::parse_duration(v)
+            .map_err(|e| format!("not a duration ({e}); write e.g. \"30s\""))
+    };
+    match field {
+        "ttl" => {
+            let d = dur(v)?;
+            if d.is_zero() {
+                return Err("the ttl must be longer than zero".into());
+            }
+            p.ttl = Some(d);
+        }
+        "wait" => p.wait = Some(dur(v)?),
+        "hold_at_least" => p.hold_at_least = Some(dur(v)?),
+        "backend" => {
+            if v.is_empty() {
+                return Err("the backend name must not be empty".into());
+            }
+            p.backend = Some(v.to_string());
+        }
+        "watchdog" => {
+            p.watchdog = Some(match v {
+                "true" => true,
+                "false" => false,
+                _ => return Err(format!("expected true or false, not {v:?}")),
+            });
+        }
+        "on_busy" => {
+            p.on_busy = Some(match v {
+                "error" => OnBusy::Error,
+                "skip" => OnBusy::Skip,
+                _ => return Err(format!("expected \"error\" or \"skip\", not {v:?}")),
+            });
+        }
+        "on_lost" => {
+            p.on_lost = Some(match v {
+                "cancel" => OnLost::Cancel,
+                "continue" => OnLost::Continue,
+                _ => return Err(format!("expected \"cancel\" or \"continue\", not {v:?}")),
+            });
+        }
+        other => {
+            return Err(format!(
+                "unknown field `{other}`; expected one of: {}",
+                FIELDS.join(", ")
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The policy `name` with every layer applied (environment > file > code), or
+/// [`LockError::UnknownPolicy`] when no layer defines it.
+pub fn policy(name: &str) -> Result<Policy, LockError> {
+    let env = env_layer(name)?;
+    let file = FILE_POLICIES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(name)
+        .cloned();
+    let code = POLICIES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(name)
+        .cloned();
+    if env.is_none() && file.is_none() && code.is_none() {
+        let mut known: Vec<String> = policy_names();
+        known.sort();
+        return Err(LockError::UnknownPolicy {
+            name: name.to_string(),
+            known,
+        });
+    }
+    let empty = Policy::new();
+    Ok(env
+        .unwrap_or_default()
+        .or(file.as_ref().unwrap_or(&empty))
+        .or(code.as_ref().unwrap_or(&empty)))
+}
+
+/// The names of the policies defined in code or loaded from files, sorted (names only the
+/// environment defines are not listed).
+pub fn policy_names() -> Vec<String> {
+    let mut names: Vec<String> = POLICIES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .cloned()
+        .collect();
+    names.extend(
+        FILE_POLICIES
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .cloned(),
+    );
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_names() {
+        assert_eq!(
+            policy_env_var("payments", "ttl"),
+            "DLOCK_POLICY_PAYMENTS_TTL"
+        );
+        assert_eq!(
+            policy_env_var("nightly-report.v2", "on_busy"),
+            "DLOCK_POLICY_NIGHTLY_REPORT_V2_ON_BUSY"
+        );
+    }
+
+    #[test]
+    fn file_layers_over_code() {
+        let mut code = Policy::new();
+        code.ttl = Some(Duration::from_secs(1));
+        code.wait = Some(Duration::from_secs(1));
+        define_policy("unit-file-over-code", code);
+        load_policies_str("[policy.unit-file-over-code]\nttl = \"10s\"\non_busy = \"skip\"\n")
+            .unwrap();
+        let p = policy("unit-file-over-code").unwrap();
+        assert_eq!(p.ttl, Some(Duration::from_secs(10)));
+        assert_eq!(p.wait, Some(Duration::from_secs(1)));
+        assert_eq!(p.on_busy, Some(OnBusy::Skip));
+    }
+
+    #[test]
+    fn bad_files_are_config_errors() {
+        for bad in [
+            "[policy.x]\nttl = \"soon\"",
+            "[policy.x]\nttl = \"0s\"",
+            "[policy.x]\nfoo = \"1s\"",
+            "[policy.x]\nttl = 5",
+            "[policies.x]\nttl = \"1s\"",
+            "not toml [",
+        ] {
+            let e = load_policies_str(bad).unwrap_err();
+            assert!(matches!(e, LockError::Config(_)), "{bad}: {e}");
+        }
+        assert!(matches!(
+            policy("unit-never-defined"),
+            Err(LockError::UnknownPolicy { .. })
+        ));
     }
 }

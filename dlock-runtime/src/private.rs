@@ -52,6 +52,55 @@ impl LockSpec {
         resolved: OnceLock::new(),
     };
 
+    /// The expansion's starting point: `LockSpec::new("fn").ttl(..).wait(..)`, evaluated at compile
+    /// time. (Struct-update syntax on [`LockSpec::EMPTY`] cannot be used in a `static`: the
+    /// unused rest of `EMPTY`, which holds a `OnceLock`, would be dropped at compile time.)
+    pub const fn new(fn_name: &'static str) -> Self {
+        let mut s = Self::EMPTY;
+        s.fn_name = fn_name;
+        s
+    }
+
+    pub const fn ttl(mut self, d: Duration) -> Self {
+        self.ttl = Some(d);
+        self
+    }
+
+    pub const fn wait(mut self, d: Duration) -> Self {
+        self.wait = Some(d);
+        self
+    }
+
+    pub const fn backend(mut self, name: &'static str) -> Self {
+        self.backend = Some(name);
+        self
+    }
+
+    pub const fn watchdog(mut self, on: bool) -> Self {
+        self.watchdog = Some(on);
+        self
+    }
+
+    pub const fn on_busy(mut self, v: OnBusy) -> Self {
+        self.on_busy = Some(v);
+        self
+    }
+
+    pub const fn hold_at_least(mut self, d: Duration) -> Self {
+        self.hold_at_least = Some(d);
+        self
+    }
+
+    pub const fn on_lost(mut self, v: OnLost) -> Self {
+        self.on_lost = Some(v);
+        self
+    }
+
+    pub const fn policy(mut self, name: &'static str) -> Self {
+        self.policy = Some(name);
+        self
+    }
+
     fn attribute_layer(&self) -> Policy {
         let mut p = Policy::new();
         p.ttl = self.ttl;
@@ -77,7 +126,9 @@ impl LockSpec {
         let r = Resolved {
             ttl: p.ttl.unwrap_or(crate::DEFAULT_TTL),
             wait: p.wait.unwrap_or(Duration::ZERO),
-            backend: p.backend.unwrap_or_else(|| crate::DEFAULT_BACKEND.to_string()),
+            backend: p
+                .backend
+                .unwrap_or_else(|| crate::DEFAULT_BACKEND.to_string()),
             watchdog: p.watchdog.unwrap_or(true),
             on_busy: p.on_busy.unwrap_or(OnBusy::Error),
             hold_at_least: p.hold_at_least,
@@ -126,7 +177,11 @@ pub async fn run_locked<F: Future>(
             }
         }
     };
-    let key_for_log = if out.is_ok() { Some(guard.key().to_string()) } else { None };
+    let key_for_log = if out.is_ok() {
+        Some(guard.key().to_string())
+    } else {
+        None
+    };
     if let Err(e) = guard.release().await {
         if let Some(key) = key_for_log {
             tracing::warn!(function = spec.fn_name, key = %key, error = %e, "dlock: release after the body failed");
@@ -147,6 +202,55 @@ pub fn skipped<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
     T::default()
 }
 
+/// For a function whose attribute names a `policy` but no `on_busy`: what a failed acquisition
+/// returns, decided by the return type. `Result<T, E>` gives the error back (whatever the
+/// policy's `on_busy`, since a `Result` can carry it); `()` and `Option<T>` skip, logging as
+/// [`skipped`] does, and log an `error` event when the policy asked for `on_busy = "error"`,
+/// since those return types have no room for the error.
+pub trait BusyReturn: Sized {
+    fn busy_return(spec: &'static LockSpec, err: LockError) -> Self;
+}
+
+impl BusyReturn for () {
+    fn busy_return(spec: &'static LockSpec, err: LockError) -> Self {
+        skip_by_policy(spec, err)
+    }
+}
+
+impl<T> BusyReturn for Option<T> {
+    fn busy_return(spec: &'static LockSpec, err: LockError) -> Self {
+        skip_by_policy::<()>(spec, err);
+        None
+    }
+}
+
+impl<T, E: From<LockError>> BusyReturn for Result<T, E> {
+    fn busy_return(_spec: &'static LockSpec, err: LockError) -> Self {
+        Err(E::from(err))
+    }
+}
+
+fn skip_by_policy<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
+    let wants_error = spec
+        .resolved
+        .get()
+        .is_some_and(|r| r.on_busy == OnBusy::Error);
+    if wants_error && err.is_contended() {
+        tracing::error!(
+            function = spec.fn_name,
+            error = %err,
+            "dlock: lock busy; skipped, although the policy says on_busy = \"error\" (the function's return type cannot carry the error)"
+        );
+        return T::default();
+    }
+    skipped(spec, err)
+}
+
+/// See [`BusyReturn`].
+pub fn busy_return<R: BusyReturn>(spec: &'static LockSpec, err: LockError) -> R {
+    R::busy_return(spec, err)
+}
+
 /// Builds a lock name from a key template. Literal parts are copied; interpolated values are
 /// formatted with `Display` and escaped: `\` and every character of `special` (the first
 /// characters of the literals that follow placeholders) get a `\` before them, so values cannot
@@ -163,7 +267,7 @@ impl KeyBuf {
         self.0.push_str(s);
     }
 
-    pub fn value(&mut self, v: &dyn Display, special: &str) {
+    pub fn value<T: Display + ?Sized>(&mut self, v: &T, special: &str) {
         let start = self.0.len();
         let _ = write!(self.0, "{v}");
         let needs = self.0[start..]

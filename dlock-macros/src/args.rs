@@ -1,0 +1,332 @@
+//! The attribute's arguments: `key = "...", ttl = "30s", ...`.
+
+use std::time::Duration;
+
+use proc_macro2::{Span, TokenStream};
+use syn::parse::Parser;
+use syn::punctuated::Punctuated;
+use syn::spanned::Spanned;
+use syn::{Expr, ExprLit, Lit, LitStr, Meta, Token};
+
+use crate::duration;
+use crate::errors::Errors;
+
+/// Every option the attribute takes, in the order the docs list them.
+pub(crate) const OPTIONS: &[&str] = &[
+    "key",
+    "ttl",
+    "wait",
+    "backend",
+    "watchdog",
+    "on_busy",
+    "hold_at_least",
+    "on_lost",
+    "policy",
+    "crate",
+];
+
+/// Names people reach for from other lock libraries, and what they are called here.
+const RENAMES: &[(&str, &str)] = &[
+    ("name", "key"),
+    ("lease", "ttl"),
+    ("lease_time", "ttl"),
+    ("expire", "ttl"),
+    ("timeout", "wait"),
+    ("wait_time", "wait"),
+    ("lock_at_least_for", "hold_at_least"),
+    ("lock_at_most_for", "ttl"),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnBusy {
+    Error,
+    Skip,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OnLost {
+    Cancel,
+    Continue,
+}
+
+/// The parsed arguments. Each option keeps the span of its value for later checks.
+#[derive(Default)]
+pub(crate) struct LockArgs {
+    pub(crate) key: Option<LitStr>,
+    pub(crate) ttl: Option<Duration>,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) backend: Option<String>,
+    pub(crate) watchdog: Option<bool>,
+    pub(crate) on_busy: Option<(OnBusy, Span)>,
+    pub(crate) hold_at_least: Option<Duration>,
+    pub(crate) on_lost: Option<OnLost>,
+    pub(crate) policy: Option<String>,
+    pub(crate) crate_path: Option<syn::Path>,
+}
+
+/// Parses the attribute arguments, collecting every mistake into `errors`.
+pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> LockArgs {
+    let mut out = LockArgs::default();
+    let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(args) {
+        Ok(m) => m,
+        Err(e) => {
+            errors.push(e);
+            return out;
+        }
+    };
+    let mut seen: Vec<String> = Vec::new();
+    for meta in metas {
+        let name = match meta.path().get_ident() {
+            Some(id) => id.to_string(),
+            None => {
+                // `crate` is a keyword: `Path::get_ident` still sees it as an ident.
+                let p = meta.path();
+                if p.segments.len() == 1 {
+                    p.segments[0].ident.to_string()
+                } else {
+                    errors.push_spanned(p.span(), unknown_message(&path_text(p)));
+                    continue;
+                }
+            }
+        };
+        if !OPTIONS.contains(&name.as_str()) {
+            errors.push_spanned(meta.path().span(), unknown_message(&name));
+            continue;
+        }
+        let nv = match &meta {
+            Meta::NameValue(nv) => nv,
+            _ => {
+                errors.push_spanned(
+                    meta.span(),
+                    format!("expected `{name} = ...`, {}", example(&name)),
+                );
+                continue;
+            }
+        };
+        if seen.contains(&name) {
+            errors.push_spanned(
+                meta.path().span(),
+                format!("duplicate option `{name}`: each option may be given once"),
+            );
+            continue;
+        }
+        seen.push(name.clone());
+        if let Err(e) = set(&mut out, &name, &nv.value) {
+            errors.push(e);
+        }
+    }
+    out
+}
+
+fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
+    match name {
+        "key" => {
+            let s = lit_str(name, value)?;
+            if s.value().is_empty() {
+                return Err(syn::Error::new(s.span(), "`key` must not be empty"));
+            }
+            out.key = Some(s);
+        }
+        "ttl" => out.ttl = Some(duration::parse(&lit_str(name, value)?, name, true)?),
+        "wait" => out.wait = Some(duration::parse(&lit_str(name, value)?, name, false)?),
+        "hold_at_least" => {
+            out.hold_at_least = Some(duration::parse(&lit_str(name, value)?, name, true)?);
+        }
+        "backend" => out.backend = Some(non_empty(name, &lit_str(name, value)?)?),
+        "policy" => out.policy = Some(non_empty(name, &lit_str(name, value)?)?),
+        "watchdog" => match value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Bool(b), ..
+            }) => out.watchdog = Some(b.value),
+            _ => {
+                return Err(syn::Error::new(
+                    value.span(),
+                    "`watchdog` takes `true` or `false`",
+                ));
+            }
+        },
+        "on_busy" => {
+            let s = lit_str(name, value)?;
+            let v = match s.value().as_str() {
+                "error" => OnBusy::Error,
+                "skip" => OnBusy::Skip,
+                other => {
+                    return Err(syn::Error::new(
+                        s.span(),
+                        format!("`on_busy` takes \"error\" or \"skip\", not {other:?}"),
+                    ));
+                }
+            };
+            out.on_busy = Some((v, s.span()));
+        }
+        "on_lost" => {
+            let s = lit_str(name, value)?;
+            out.on_lost = Some(match s.value().as_str() {
+                "cancel" => OnLost::Cancel,
+                "continue" => OnLost::Continue,
+                other => {
+                    return Err(syn::Error::new(
+                        s.span(),
+                        format!("`on_lost` takes \"cancel\" or \"continue\", not {other:?}"),
+                    ));
+                }
+            });
+        }
+        "crate" => {
+            let s = lit_str(name, value)?;
+            out.crate_path = Some(s.parse::<syn::Path>().map_err(|_| {
+                syn::Error::new(
+                    s.span(),
+                    format!(
+                        "`crate` takes a path such as \"::dlock\", not {:?}",
+                        s.value()
+                    ),
+                )
+            })?);
+        }
+        _ => unreachable!("checked against OPTIONS"),
+    }
+    Ok(())
+}
+
+fn lit_str(name: &str, value: &Expr) -> syn::Result<LitStr> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Str(s), ..
+        }) => Ok(s.clone()),
+        _ => Err(syn::Error::new(
+            value.span(),
+            format!("`{name}` takes a string literal, {}", example(name)),
+        )),
+    }
+}
+
+fn non_empty(name: &str, s: &LitStr) -> syn::Result<String> {
+    let v = s.value();
+    if v.is_empty() {
+        return Err(syn::Error::new(
+            s.span(),
+            format!("`{name}` must not be empty"),
+        ));
+    }
+    Ok(v)
+}
+
+fn example(name: &str) -> &'static str {
+    match name {
+        "key" => "e.g. `key = \"order:{order_id}\"`",
+        "ttl" => "e.g. `ttl = \"30s\"`",
+        "wait" => "e.g. `wait = \"5s\"`",
+        "hold_at_least" => "e.g. `hold_at_least = \"1m\"`",
+        "backend" => "e.g. `backend = \"default\"`",
+        "watchdog" => "e.g. `watchdog = false`",
+        "on_busy" => "e.g. `on_busy = \"skip\"`",
+        "on_lost" => "e.g. `on_lost = \"continue\"`",
+        "policy" => "e.g. `policy = \"payments\"`",
+        _ => "e.g. `crate = \"::dlock\"`",
+    }
+}
+
+fn path_text(p: &syn::Path) -> String {
+    p.segments
+        .iter()
+        .map(|s| s.ident.to_string())
+        .collect::<Vec<_>>()
+        .join("::")
+}
+
+fn unknown_message(name: &str) -> String {
+    let list = OPTIONS
+        .iter()
+        .map(|o| format!("`{o}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut msg = format!("unknown option `{name}`; expected one of: {list}");
+    if let Some(hint) = suggestion(name) {
+        msg.push_str(&format!("\n\nhelp: did you mean `{hint}`?"));
+    }
+    msg
+}
+
+/// The option a misspelt or foreign name most likely meant.
+pub(crate) fn suggestion(name: &str) -> Option<&'static str> {
+    let lower = name.to_ascii_lowercase();
+    if let Some((_, to)) = RENAMES.iter().find(|(from, _)| *from == lower) {
+        return Some(to);
+    }
+    OPTIONS
+        .iter()
+        .map(|o| (edit_distance(&lower, o), *o))
+        .filter(|(d, o)| *d <= 2.max(o.len() / 3) && *d < o.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, o)| o)
+}
+
+/// Levenshtein distance over chars.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut prev: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut cur = vec![i + 1; b.len() + 1];
+        for (j, cb) in b.iter().enumerate() {
+            let sub = prev[j] + usize::from(ca != *cb);
+            cur[j + 1] = sub.min(prev[j + 1] + 1).min(cur[j] + 1);
+        }
+        prev = cur;
+    }
+    prev[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use quote::quote;
+
+    #[test]
+    fn suggestions() {
+        assert_eq!(suggestion("tll"), Some("ttl"));
+        assert_eq!(suggestion("on_bussy"), Some("on_busy"));
+        assert_eq!(suggestion("holdatleast"), Some("hold_at_least"));
+        assert_eq!(suggestion("timeout"), Some("wait"));
+        assert_eq!(suggestion("zzzzzzz"), None);
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let mut errors = Errors::default();
+        let a = parse(
+            quote!(
+                key = "k:{x}",
+                ttl = "10s",
+                wait = "1s",
+                backend = "b",
+                watchdog = false,
+                on_busy = "skip",
+                hold_at_least = "2s",
+                on_lost = "continue",
+                policy = "p",
+                crate = "::dlock"
+            ),
+            &mut errors,
+        );
+        assert!(errors.is_empty());
+        assert_eq!(a.key.unwrap().value(), "k:{x}");
+        assert_eq!(a.ttl.unwrap().as_secs(), 10);
+        assert_eq!(a.on_busy.unwrap().0, OnBusy::Skip);
+        assert_eq!(a.on_lost, Some(OnLost::Continue));
+        assert_eq!(a.watchdog, Some(false));
+    }
+
+    #[test]
+    fn collects_several_errors() {
+        let mut errors = Errors::default();
+        parse(
+            quote!(key = "k", tll = "1s", ttl = "0s", key = "j"),
+            &mut errors,
+        );
+        let text = errors.to_compile_errors().to_string();
+        assert!(text.contains("did you mean `ttl`"), "{text}");
+        assert!(text.contains("longer than zero"), "{text}");
+        assert!(text.contains("duplicate option `key`"), "{text}");
+    }
+}

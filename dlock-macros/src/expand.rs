@@ -1,0 +1,417 @@
+//! Builds the new function: the signature untouched, the body glue calling `__private`.
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::visit_mut::VisitMut;
+use syn::{ReturnType, Type};
+
+use crate::args::{self, LockArgs, OnBusy, OnLost};
+use crate::errors::Errors;
+use crate::item::{self, MaybeItemFn};
+use crate::template::{self, Segment};
+
+/// The macro: `args` are the attribute's arguments, `item` the annotated function.
+pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
+    let mut errors = Errors::default();
+    let args = args::parse(args, &mut errors);
+    let func = match syn::parse2::<MaybeItemFn>(item.clone()) {
+        Ok(f) => f,
+        Err(e) => {
+            errors.push(e);
+            return with_errors(item, &errors);
+        }
+    };
+    let out = build(&args, &func, &mut errors);
+    if !errors.is_empty() {
+        // Keep the function as written so that callers still compile and only our errors show.
+        return with_errors(item, &errors);
+    }
+    if std::env::var_os("DLOCK_MACROS_DEBUG").is_some_and(|v| v == "1") {
+        eprintln!(
+            "#[distributed_lock] on `{}` expands to:\n{out}",
+            func.sig.ident
+        );
+    }
+    out
+}
+
+fn with_errors(mut item: TokenStream, errors: &Errors) -> TokenStream {
+    item.extend(errors.to_compile_errors());
+    item
+}
+
+/// What a busy (or otherwise failed) acquisition turns into.
+enum BusyMapping {
+    /// `Err(From::from(e))`: the return type is `Result<T, E: From<LockError>>`.
+    Error,
+    /// `()` or `None`.
+    Skip,
+    /// Attribute silent, policy named: decided at run time by the return type and the policy.
+    ByReturnType,
+}
+
+#[derive(PartialEq, Eq)]
+enum Shape {
+    Unit,
+    Option,
+    Other,
+}
+
+fn shape(output: &ReturnType) -> Shape {
+    let ReturnType::Type(_, ty) = output else {
+        return Shape::Unit;
+    };
+    let mut ty = &**ty;
+    loop {
+        match ty {
+            Type::Paren(p) => ty = &p.elem,
+            Type::Group(g) => ty = &g.elem,
+            _ => break,
+        }
+    }
+    match ty {
+        Type::Tuple(t) if t.elems.is_empty() => Shape::Unit,
+        Type::Path(p)
+            if p.qself.is_none()
+                && p.path.segments.last().is_some_and(|s| {
+                    s.ident == "Option"
+                        && matches!(s.arguments, syn::PathArguments::AngleBracketed(_))
+                }) =>
+        {
+            Shape::Option
+        }
+        _ => Shape::Other,
+    }
+}
+
+fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStream {
+    let sig = &func.sig;
+    if sig.asyncness.is_none() {
+        errors.push_spanned(
+            sig.fn_token.span,
+            "distributed_lock needs an async fn: the lock is held across the body's `.await`s; add `async`",
+        );
+    }
+    let krate = args
+        .crate_path
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::dlock));
+    let p = quote!(#krate::__private);
+
+    // The key.
+    let key_code = match &args.key {
+        None => {
+            errors.push_spanned(
+                Span::call_site(),
+                "missing `key`: name the lock, e.g. `#[distributed_lock(key = \"order:{order_id}\")]`",
+            );
+            TokenStream::new()
+        }
+        Some(lit) => key_code(lit, func, &p, errors),
+    };
+
+    // The busy mapping, checked against the return type.
+    let shape = shape(&sig.output);
+    let ret_span = item::return_span(sig);
+    let mapping = match (args.on_busy, &args.policy) {
+        (Some((OnBusy::Skip, _)), _) => {
+            if shape == Shape::Other {
+                errors.push_spanned(
+                    ret_span,
+                    "on_busy = \"skip\" returns without running the body when the lock is busy, so the function must return `()` or `Option<T>` (the skipped call gives `()` or `None`); use on_busy = \"error\" to get the error in a `Result`",
+                );
+            }
+            BusyMapping::Skip
+        }
+        (None, Some(_)) => BusyMapping::ByReturnType,
+        (Some((OnBusy::Error, _)), _) | (None, None) => {
+            if shape != Shape::Other {
+                let what = if args.on_busy.is_some() {
+                    "on_busy = \"error\""
+                } else {
+                    "on_busy = \"error\" (the default)"
+                };
+                errors.push_spanned(
+                    ret_span,
+                    format!(
+                        "{what} gives the busy `dlock::LockError` back through the return type, so the function must return `Result<T, E>` with `E: From<dlock::LockError>`; for a function returning `()` or `Option<T>`, write on_busy = \"skip\""
+                    ),
+                );
+            }
+            BusyMapping::Error
+        }
+    };
+    if !errors.is_empty() {
+        return TokenStream::new();
+    }
+
+    // The static spec, built by const fns at compile time.
+    let fn_name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
+    let dur = |d: std::time::Duration| {
+        let (s, n) = (d.as_secs(), d.subsec_nanos());
+        quote!(#p::Duration::new(#s, #n))
+    };
+    let mut setters = Vec::new();
+    if let Some(d) = args.ttl {
+        let v = dur(d);
+        setters.push(quote!(.ttl(#v)));
+    }
+    if let Some(d) = args.wait {
+        let v = dur(d);
+        setters.push(quote!(.wait(#v)));
+    }
+    if let Some(d) = args.hold_at_least {
+        let v = dur(d);
+        setters.push(quote!(.hold_at_least(#v)));
+    }
+    if let Some(b) = &args.backend {
+        setters.push(quote!(.backend(#b)));
+    }
+    if let Some(w) = args.watchdog {
+        setters.push(quote!(.watchdog(#w)));
+    }
+    if let Some((b, _)) = args.on_busy {
+        let v = match b {
+            OnBusy::Error => quote!(Error),
+            OnBusy::Skip => quote!(Skip),
+        };
+        setters.push(quote!(.on_busy(#p::OnBusy::#v)));
+    }
+    if let Some(l) = args.on_lost {
+        let v = match l {
+            OnLost::Cancel => quote!(Cancel),
+            OnLost::Continue => quote!(Continue),
+        };
+        setters.push(quote!(.on_lost(#p::OnLost::#v)));
+    }
+    if let Some(name) = &args.policy {
+        setters.push(quote!(.policy(#name)));
+    }
+
+    // The fake return edge: makes `?`, `.into()` and early `return` in the body infer as they
+    // did in the original fn (tracing's technique), with `impl Trait` erased to `_`.
+    let ret_ty = match &sig.output {
+        ReturnType::Default => quote!(()),
+        ReturnType::Type(_, ty) => {
+            let mut ty = (**ty).clone();
+            ImplTraitEraser.visit_type_mut(&mut ty);
+            ty.into_token_stream()
+        }
+    };
+    let ret_ty_span = ret_span;
+    let fake_return = quote_spanned! {ret_ty_span=>
+        #[allow(
+            unknown_lints,
+            unreachable_code,
+            clippy::diverging_sub_expression,
+            clippy::empty_loop,
+            clippy::let_unit_value,
+            clippy::let_with_type_underscore,
+            clippy::needless_return,
+            clippy::unreachable
+        )]
+        if false {
+            let __dlock_fake_return: #ret_ty = loop {};
+            return __dlock_fake_return;
+        }
+    };
+
+    let err = format_ident!("__dlock_e");
+    let on_err = match mapping {
+        BusyMapping::Error => quote_spanned! {ret_span=>
+            #p::core::result::Result::Err(#p::core::convert::From::from(#err))
+        },
+        BusyMapping::Skip => quote!(#p::skipped(&__DLOCK_SPEC, #err)),
+        BusyMapping::ByReturnType => quote_spanned! {ret_span=>
+            #p::busy_return(&__DLOCK_SPEC, #err)
+        },
+    };
+
+    let MaybeItemFn {
+        outer_attrs,
+        inner_attrs,
+        vis,
+        sig,
+        body,
+    } = func;
+    quote! {
+        #(#outer_attrs)*
+        #vis #sig {
+            #(#inner_attrs)*
+            static __DLOCK_SPEC: #p::LockSpec = #p::LockSpec::new(#fn_name) #(#setters)*;
+            let __dlock_key = #key_code;
+            match #p::run_locked(&__DLOCK_SPEC, __dlock_key, async move {
+                #fake_return
+                #body
+            })
+            .await
+            {
+                #p::core::result::Result::Ok(__dlock_v) => __dlock_v,
+                #p::core::result::Result::Err(#err) => #on_err,
+            }
+        }
+    }
+}
+
+/// The block that renders the key template (see the crate docs for the escaping rule).
+fn key_code(
+    lit: &syn::LitStr,
+    func: &MaybeItemFn,
+    p: &TokenStream,
+    errors: &mut Errors,
+) -> TokenStream {
+    let tpl = match template::parse(&lit.value()) {
+        Ok(t) => t,
+        Err(msgs) => {
+            for m in msgs {
+                errors.push_spanned(lit.span(), m);
+            }
+            return TokenStream::new();
+        }
+    };
+    let bindings = item::bindings(&func.sig);
+    let mut stmts = Vec::new();
+    let mut cap = 0usize;
+    for (i, seg) in tpl.segments.iter().enumerate() {
+        match seg {
+            Segment::Lit(s) => {
+                cap += s.len();
+                stmts.push(quote!(__dlock_k.lit(#s);));
+            }
+            Segment::Value(path) => {
+                cap += 8;
+                let root = &path[0];
+                let Some(b) = bindings.iter().find(|b| b.name == *root) else {
+                    let msg = if root == "self" {
+                        format!(
+                            "`{{{}}}`: `{}` has no `self` receiver",
+                            path.join("."),
+                            func.sig.ident
+                        )
+                    } else {
+                        let names: Vec<&str> = bindings
+                            .iter()
+                            .filter(|b| b.name != "self")
+                            .map(|b| b.name.as_str())
+                            .collect();
+                        let known = if names.is_empty() {
+                            "it has none".to_string()
+                        } else {
+                            format!("it has: {}", names.join(", "))
+                        };
+                        format!(
+                            "`{{{}}}` in the key is neither a parameter of `{}` nor a binding in its parameter patterns ({known})",
+                            path.join("."),
+                            func.sig.ident
+                        )
+                    };
+                    errors.push_spanned(lit.span(), msg);
+                    continue;
+                };
+                let span = b.span;
+                let mut expr = b.tokens.clone();
+                for field in &path[1..] {
+                    if field.chars().all(|c| c.is_ascii_digit()) {
+                        let idx = syn::Index {
+                            index: field.parse().unwrap_or(0),
+                            span,
+                        };
+                        expr.extend(quote_spanned!(span=> .#idx));
+                    } else {
+                        let id = syn::Ident::new(field, span);
+                        expr.extend(quote_spanned!(span=> .#id));
+                    }
+                }
+                let special = tpl.special_after(i);
+                // Spanned at the parameter, so a value without `Display` is reported there.
+                stmts.push(quote_spanned!(span=> __dlock_k.value(&#expr, #special);));
+            }
+        }
+    }
+    quote! {{
+        let mut __dlock_k = #p::KeyBuf::with_capacity(#cap);
+        #(#stmts)*
+        __dlock_k.finish()
+    }}
+}
+
+/// Replaces `impl Trait` with `_` in the fake return edge's type.
+struct ImplTraitEraser;
+
+impl VisitMut for ImplTraitEraser {
+    fn visit_type_mut(&mut self, t: &mut Type) {
+        if let Type::ImplTrait(it) = t {
+            *t = Type::Infer(syn::TypeInfer {
+                underscore_token: syn::Token![_](syn::spanned::Spanned::span(it)),
+            });
+        } else {
+            syn::visit_mut::visit_type_mut(self, t);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::expand;
+    use quote::quote;
+
+    fn errors_of(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
+        let out = expand(args, item).to_string();
+        out
+    }
+
+    #[test]
+    fn non_async_is_an_error_and_the_fn_is_kept() {
+        let out = errors_of(
+            quote!(key = "k"),
+            quote!(
+                fn f() -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("distributed_lock needs an async fn"), "{out}");
+        assert!(out.contains("fn f"), "{out}");
+    }
+
+    #[test]
+    fn unknown_placeholder() {
+        let out = errors_of(
+            quote!(key = "k:{nope}"),
+            quote!(
+                async fn f(id: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("neither a parameter"), "{out}");
+        assert!(out.contains("it has: id"), "{out}");
+    }
+
+    #[test]
+    fn expands_to_run_locked() {
+        let out = errors_of(
+            quote!(key = "order:{id}", ttl = "10s", crate = "my_dlock"),
+            quote!(
+                async fn f(id: u64) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("my_dlock :: __private :: run_locked"), "{out}");
+        assert!(out.contains("compile_error") == false, "{out}");
+    }
+
+    #[test]
+    fn pattern_bindings_are_found() {
+        let out = errors_of(
+            quote!(key = "order:{order_id}:{a}"),
+            quote!(
+                async fn f(Path(order_id): Path<u64>, S { a, .. }: S) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(!out.contains("compile_error"), "{out}");
+    }
+}
