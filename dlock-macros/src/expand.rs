@@ -247,6 +247,7 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
             .await
             {
                 #p::core::result::Result::Ok(__dlock_v) => __dlock_v,
+                #[allow(clippy::useless_conversion)]
                 #p::core::result::Result::Err(#err) => #on_err,
             }
         }
@@ -356,8 +357,7 @@ mod tests {
     use quote::quote;
 
     fn errors_of(args: proc_macro2::TokenStream, item: proc_macro2::TokenStream) -> String {
-        let out = expand(args, item).to_string();
-        out
+        expand(args, item).to_string()
     }
 
     #[test]
@@ -399,7 +399,7 @@ mod tests {
             ),
         );
         assert!(out.contains("my_dlock :: __private :: run_locked"), "{out}");
-        assert!(out.contains("compile_error") == false, "{out}");
+        assert!(!out.contains("compile_error"), "{out}");
     }
 
     #[test]

@@ -38,7 +38,9 @@ pub struct Resolved {
 }
 
 impl LockSpec {
-    /// A spec with nothing set; the expansion uses struct-update syntax on it.
+    /// A spec with nothing set (what [`LockSpec::new`] starts from). A fresh `OnceLock` per use
+    /// is what a `const` gives, which is the point here.
+    #[allow(clippy::declare_interior_mutable_const)]
     pub const EMPTY: LockSpec = LockSpec {
         fn_name: "",
         ttl: None,
@@ -182,10 +184,10 @@ pub async fn run_locked<F: Future>(
     } else {
         None
     };
-    if let Err(e) = guard.release().await {
-        if let Some(key) = key_for_log {
-            tracing::warn!(function = spec.fn_name, key = %key, error = %e, "dlock: release after the body failed");
-        }
+    if let Err(e) = guard.release().await
+        && let Some(key) = key_for_log
+    {
+        tracing::warn!(function = spec.fn_name, key = %key, error = %e, "dlock: release after the body failed");
     }
     out
 }
