@@ -594,7 +594,9 @@ pub fn spawn_self(entry_test: &str, mode: &str, envs: &[(&str, String)]) -> Chil
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            if let Some(rest) = line.strip_prefix(CHILD_LINE) {
+            // libtest may print "test name ... " on the same line first.
+            if let Some(at) = line.find(CHILD_LINE) {
+                let rest = &line[at + CHILD_LINE.len()..];
                 if tx.send(rest.trim().to_string()).is_err() {
                     break;
                 }
