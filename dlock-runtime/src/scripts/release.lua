@@ -22,5 +22,7 @@ if keep > 0 then
   return 0
 end
 redis.call('DEL', KEYS[1])
-redis.call('PUBLISH', ARGV[3], '1')
+-- pcall: a user without channel permission (ACL) must still release; its waiters fall back to
+-- the holder's lease timer. The DEL above has already happened and is not rolled back.
+redis.pcall('PUBLISH', ARGV[3], '1')
 return 0
