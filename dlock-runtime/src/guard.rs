@@ -20,6 +20,8 @@ pub(crate) struct Hold {
     pub(crate) owner: Arc<str>,
     pub(crate) token: u64,
     acquired_at: Instant,
+    /// When the watchdog stops renewing (`max_hold`), if capped.
+    hold_until: Option<Instant>,
     /// Lease length used by renewals, in ms (changed by `extend`).
     ttl_ms: AtomicU64,
     /// The local deadline: send time of the last confirmed acquire or renewal plus the ttl.
@@ -77,6 +79,17 @@ impl Hold {
             );
             self.lost.cancel();
             self.stop.cancel();
+        }
+    }
+
+    /// Why a lease whose deadline passed at `now` ended: the `max_hold` cap once it was reached
+    /// (renewal stopped there), else the deadline. Shared by the watchdog, `lost()` and
+    /// `lost_reason()`, so whichever notices first records the same reason.
+    fn expiry_reason(&self, now: Instant) -> LostReason {
+        if self.hold_until.is_some_and(|h| h <= now) {
+            LostReason::MaxHold
+        } else {
+            LostReason::Deadline
         }
     }
 
@@ -152,6 +165,7 @@ impl LockGuard {
             owner: init.owner,
             token: init.token,
             acquired_at: init.sent,
+            hold_until: init.max_hold.map(|m| init.sent + m),
             ttl_ms: AtomicU64::new(init.ttl.as_millis().max(1) as u64),
             deadline: Mutex::new(init.sent + init.ttl),
             lost: CancellationToken::new(),
@@ -202,7 +216,9 @@ impl LockGuard {
         if self.hold.lost.is_cancelled() {
             return Duration::ZERO;
         }
-        self.hold.deadline().saturating_duration_since(Instant::now())
+        self.hold
+            .deadline()
+            .saturating_duration_since(Instant::now())
     }
 
     /// `Ok(())` while valid, else the [`LockError::Lost`] to return.
@@ -217,7 +233,8 @@ impl LockGuard {
     /// Why the lease was lost, once it was.
     pub fn lost_reason(&self) -> Option<LostReason> {
         self.hold.lost_reason.get().copied().or_else(|| {
-            (Instant::now() >= self.hold.deadline()).then_some(LostReason::Deadline)
+            let now = Instant::now();
+            (now >= self.hold.deadline()).then(|| self.hold.expiry_reason(now))
         })
     }
 
@@ -239,13 +256,16 @@ impl LockGuard {
                     _ = hold.lost.cancelled() => break,
                     _ = tokio::time::sleep_until(deadline) => {
                         if Instant::now() >= hold.deadline() {
-                            hold.mark_lost(LostReason::Deadline);
+                            hold.mark_lost(hold.expiry_reason(Instant::now()));
                             break;
                         }
                     }
                 }
             }
-            hold.lost_reason.get().copied().unwrap_or(LostReason::Deadline)
+            hold.lost_reason
+                .get()
+                .copied()
+                .unwrap_or(LostReason::Deadline)
         }
     }
 
@@ -359,7 +379,7 @@ impl Drop for LockGuard {
 /// Renews the lease every ttl/3 while the guard lives, and fires the lost signal at the local
 /// deadline. Transient errors are retried until the lease would have run out.
 async fn watchdog(hold: Arc<Hold>, renew: bool, max_hold: Option<Duration>) {
-    let hold_until = max_hold.map(|m| hold.acquired_at + m);
+    let hold_until = max_hold.and(hold.hold_until);
     let mut renewing = renew;
     let mut next_renew = hold.acquired_at + hold.ttl() / 3;
     loop {
@@ -376,8 +396,7 @@ async fn watchdog(hold: Arc<Hold>, renew: bool, max_hold: Option<Duration>) {
         }
         let now = Instant::now();
         if now >= hold.deadline() {
-            let capped = hold_until.is_some_and(|h| h <= now);
-            hold.mark_lost(if capped { LostReason::MaxHold } else { LostReason::Deadline });
+            hold.mark_lost(hold.expiry_reason(now));
             return;
         }
         if !renewing || now < next_renew {
@@ -412,7 +431,8 @@ async fn watchdog(hold: Arc<Hold>, renew: bool, max_hold: Option<Duration>) {
             }
             Ok(Err(e)) => {
                 tracing::debug!(key = %hold.name, error = %e, "dlock: renewal failed; retrying");
-                next_renew = Instant::now() + (ttl / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
+                next_renew = Instant::now()
+                    + (ttl / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
             }
             Err(_elapsed) => {} // the deadline check at the top of the loop marks it lost
         }
