@@ -1,0 +1,536 @@
+//! The torture checker (RELIABILITY.md §6.5): merges the JSON-lines logs of every worker process
+//! with the nemesis' fault log and the resource server's final state, and reports acquisitions,
+//! lost updates, overlapping holds (classified), lease-invariant violations, token-order
+//! violations and slow recoveries.
+//!
+//! Shared by `examples/torture.rs` (the CLI) and `tests/torture.rs` (the short run and the
+//! checker's self-tests) through `#[path]`.
+#![allow(dead_code)]
+
+use std::collections::{BTreeMap, HashSet};
+use std::fmt;
+use std::path::Path;
+
+use serde_json::Value;
+
+/// One operation on the resource server inside a hold.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Op {
+    /// `fread`, `fwrite` (fenced read / write), `uread`, `uwrite` (unfenced).
+    pub(crate) kind: String,
+    pub(crate) fenced: bool,
+    pub(crate) accepted: bool,
+    /// Monotonic ns when the command was sent and when its reply arrived.
+    pub(crate) t: u64,
+    pub(crate) t_done: u64,
+}
+
+impl Op {
+    fn is_write(&self) -> bool {
+        self.kind.ends_with("write")
+    }
+}
+
+/// One acquisition, rebuilt from the events of one task.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Hold {
+    /// `<log file stem>/<task>/<seq>`.
+    pub(crate) id: String,
+    pub(crate) pid: u32,
+    pub(crate) token: u64,
+    pub(crate) t_send: u64,
+    pub(crate) t_ok: u64,
+    /// `(sample time, local deadline at that time)`, in time order.
+    pub(crate) deadlines: Vec<(u64, u64)>,
+    pub(crate) t_lost: Option<u64>,
+    pub(crate) lost_reason: Option<String>,
+    pub(crate) ops: Vec<Op>,
+    pub(crate) t_rel_send: Option<u64>,
+    pub(crate) t_rel_done: Option<u64>,
+    pub(crate) rel: Option<String>,
+    /// Set when the process was SIGKILLed while this hold was open.
+    pub(crate) t_killed: Option<u64>,
+}
+
+impl Hold {
+    /// End of the believed-held interval: `min(release sent, lost, killed)`, or `run_end`.
+    pub(crate) fn end(&self, run_end: u64) -> u64 {
+        [self.t_rel_send, self.t_lost, self.t_killed]
+            .into_iter()
+            .flatten()
+            .min()
+            .unwrap_or(run_end)
+    }
+}
+
+/// A fault window, as the nemesis logged it.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Fault {
+    pub(crate) kind: String,
+    pub(crate) t_start: u64,
+    pub(crate) t_end: u64,
+    pub(crate) pid: Option<u32>,
+    /// The lock server lost its state (restart without persistence).
+    pub(crate) state_loss: bool,
+}
+
+/// Final state of the resource server.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Resource {
+    /// Fenced counter, and how many fenced writes the server applied (its own append log).
+    pub(crate) f_counter: u64,
+    pub(crate) f_applied: u64,
+    /// Unfenced counter and applied unfenced writes.
+    pub(crate) u_counter: u64,
+    pub(crate) u_applied: u64,
+}
+
+/// How an overlap of two believed-held intervals was caught.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OverlapClass {
+    /// (a) the stale holder wrote nothing that landed in the newer hold: its lost signal (or
+    /// validity check) stopped it, or it had finished its writes.
+    Lost,
+    /// (b) the stale holder's fenced operation was refused by the store.
+    Fenced,
+    /// (c) the stale holder's unfenced write landed inside the newer hold, unnoticed.
+    UnnoticedUnfenced,
+    /// (c) the stale holder's fenced operation was accepted after the newer holder had shown its
+    /// token to the store: the fence itself failed.
+    UnnoticedFenced,
+}
+
+/// One overlap: `stale` (granted first) still believed it held when `newer` was granted.
+#[derive(Debug, Clone)]
+pub(crate) struct Overlap {
+    pub(crate) stale: String,
+    pub(crate) newer: String,
+    pub(crate) stale_token: u64,
+    pub(crate) newer_token: u64,
+    /// Length of the intersection, ns.
+    pub(crate) overlap_ns: u64,
+    pub(crate) class: OverlapClass,
+    /// The newer grant came inside a state-loss window of the lock server.
+    pub(crate) during_state_loss: bool,
+}
+
+/// The checker's findings.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Report {
+    pub(crate) processes: usize,
+    pub(crate) acquisitions: usize,
+    pub(crate) acquire_errors: usize,
+    pub(crate) panics: usize,
+    pub(crate) faults: Vec<Fault>,
+    pub(crate) resource: Resource,
+    /// Applied writes minus the final counter: each lost update overwrote one increment.
+    pub(crate) lost_updates_fenced: i64,
+    pub(crate) lost_updates_unfenced: i64,
+    pub(crate) fence_refusals: usize,
+    pub(crate) lost_events: usize,
+    pub(crate) overlaps: Vec<Overlap>,
+    /// Grants confirmed before a still-unreleased previous holder's own deadline.
+    pub(crate) lease_violations: usize,
+    pub(crate) lease_violations_in_state_loss: usize,
+    /// Non-increasing tokens in grant order, and repeated tokens.
+    pub(crate) token_order_violations: usize,
+    pub(crate) token_duplicates: usize,
+    /// Faults after which no acquisition came within ttl + 2 s (while the run went on).
+    pub(crate) slow_recoveries: usize,
+    /// Release outcomes.
+    pub(crate) releases_ok: usize,
+    pub(crate) releases_not_owner: usize,
+    pub(crate) releases_err: usize,
+    pub(crate) first_ok: u64,
+    pub(crate) last_ok: u64,
+}
+
+impl Report {
+    pub(crate) fn count(&self, class: OverlapClass) -> usize {
+        self.overlaps.iter().filter(|o| o.class == class).count()
+    }
+
+    /// Overlaps that neither the lost signal nor the fence caught.
+    pub(crate) fn unnoticed(&self) -> usize {
+        self.count(OverlapClass::UnnoticedFenced) + self.count(OverlapClass::UnnoticedUnfenced)
+    }
+
+    /// Distinct holds that were still believed held when a later grant came.
+    pub(crate) fn stale_holds(&self) -> usize {
+        self.overlaps
+            .iter()
+            .map(|o| &o.stale)
+            .collect::<HashSet<_>>()
+            .len()
+    }
+
+    pub(crate) fn faults_of(&self, kind: &str) -> usize {
+        self.faults.iter().filter(|f| f.kind == kind).count()
+    }
+
+    /// True when nothing a correct lock under this nemesis must prevent happened: no unnoticed
+    /// overlap among fenced operations, no lost fenced update, no token violation, no lease
+    /// violation outside state-loss windows, no panic.
+    pub(crate) fn fenced_safety_ok(&self) -> bool {
+        self.count(OverlapClass::UnnoticedFenced) == 0
+            && self.lost_updates_fenced == 0
+            && self.token_order_violations == 0
+            && self.token_duplicates == 0
+            && self.lease_violations == 0
+            && self.panics == 0
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.last_ok.saturating_sub(self.first_ok) as f64 / 1e9;
+        writeln!(
+            f,
+            "acquisitions          {} over {:.1} s ({:.0}/s), {} worker processes, {} acquire errors",
+            self.acquisitions,
+            secs,
+            self.acquisitions as f64 / secs.max(1e-9),
+            self.processes,
+            self.acquire_errors
+        )?;
+        let mut kinds: BTreeMap<&str, usize> = BTreeMap::new();
+        for x in &self.faults {
+            *kinds.entry(x.kind.as_str()).or_default() += 1;
+        }
+        writeln!(f, "faults                {} {:?}", self.faults.len(), kinds)?;
+        writeln!(
+            f,
+            "resource              fenced {} (applied {}), unfenced {} (applied {})",
+            self.resource.f_counter,
+            self.resource.f_applied,
+            self.resource.u_counter,
+            self.resource.u_applied
+        )?;
+        writeln!(
+            f,
+            "lost updates          fenced {}, unfenced {}",
+            self.lost_updates_fenced, self.lost_updates_unfenced
+        )?;
+        writeln!(
+            f,
+            "overlapping pairs     {}: (a) lost/no stale write {}, (b) fence refused {}, (c) unnoticed unfenced {}, (c) unnoticed fenced {}",
+            self.overlaps.len(),
+            self.count(OverlapClass::Lost),
+            self.count(OverlapClass::Fenced),
+            self.count(OverlapClass::UnnoticedUnfenced),
+            self.count(OverlapClass::UnnoticedFenced)
+        )?;
+        let in_loss = self.overlaps.iter().filter(|o| o.during_state_loss).count();
+        writeln!(
+            f,
+            "  (pairs; {} distinct stale holds; {in_loss} pairs granted in state-loss windows)",
+            self.stale_holds()
+        )?;
+        writeln!(
+            f,
+            "lease invariant       {} violations outside state-loss windows, {} inside (allowed)",
+            self.lease_violations, self.lease_violations_in_state_loss
+        )?;
+        writeln!(
+            f,
+            "tokens                {} order violations, {} duplicates",
+            self.token_order_violations, self.token_duplicates
+        )?;
+        writeln!(
+            f,
+            "signals               {} lost events, {} fence refusals",
+            self.lost_events, self.fence_refusals
+        )?;
+        writeln!(
+            f,
+            "releases              ok {}, not_owner {}, err {}",
+            self.releases_ok, self.releases_not_owner, self.releases_err
+        )?;
+        writeln!(
+            f,
+            "slow recoveries       {} (no grant within ttl + 2 s of a fault's end)",
+            self.slow_recoveries
+        )?;
+        write!(f, "panics                {}", self.panics)
+    }
+}
+
+fn u(v: &Value, k: &str) -> Option<u64> {
+    v.get(k).and_then(Value::as_u64)
+}
+
+/// Everything the checker reads, parsed.
+#[derive(Debug, Default)]
+pub(crate) struct Input {
+    pub(crate) holds: Vec<Hold>,
+    pub(crate) faults: Vec<Fault>,
+    pub(crate) resource: Resource,
+    pub(crate) processes: usize,
+    pub(crate) acquire_errors: usize,
+    pub(crate) panics: usize,
+    pub(crate) lost_events: usize,
+    pub(crate) run_end: u64,
+}
+
+/// Reads a run directory: `w*.jsonl` (workers), `faults.jsonl`, `resource.json`.
+pub(crate) fn load(dir: &Path) -> std::io::Result<Input> {
+    let mut input = Input::default();
+    let mut faults_text = String::new();
+    let mut names: Vec<_> = std::fs::read_dir(dir)?
+        .filter_map(|e| e.ok())
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut worker_logs = Vec::new();
+    for name in names {
+        let text = std::fs::read_to_string(dir.join(&name))?;
+        if name == "faults.jsonl" {
+            faults_text = text;
+        } else if name == "resource.json" {
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            input.resource = Resource {
+                f_counter: u(&v, "f_counter").unwrap_or(0),
+                f_applied: u(&v, "f_applied").unwrap_or(0),
+                u_counter: u(&v, "u_counter").unwrap_or(0),
+                u_applied: u(&v, "u_applied").unwrap_or(0),
+            };
+            input.run_end = u(&v, "t_end").unwrap_or(0);
+        } else if name.starts_with('w') && name.ends_with(".jsonl") {
+            worker_logs.push((name.trim_end_matches(".jsonl").to_string(), text));
+        }
+    }
+    for line in faults_text.lines() {
+        let Ok(v) = serde_json::from_str::<Value>(line) else {
+            continue;
+        };
+        input.faults.push(Fault {
+            kind: v
+                .get("kind")
+                .and_then(Value::as_str)
+                .unwrap_or("?")
+                .to_string(),
+            t_start: u(&v, "t_start").unwrap_or(0),
+            t_end: u(&v, "t_end").unwrap_or(0),
+            pid: u(&v, "pid").map(|p| p as u32),
+            state_loss: v
+                .get("state_loss")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+        });
+    }
+    let events: Vec<(String, String)> = worker_logs;
+    let parsed = parse_worker_logs(&events, &mut input);
+    input.holds = parsed;
+    // A SIGKILLed process ends every hold it had open at the kill.
+    for h in &mut input.holds {
+        if h.t_rel_send.is_none() {
+            h.t_killed = input
+                .faults
+                .iter()
+                .filter(|f| f.kind == "kill_holder" && f.pid == Some(h.pid) && f.t_start >= h.t_ok)
+                .map(|f| f.t_start)
+                .min();
+        }
+    }
+    Ok(input)
+}
+
+/// Rebuilds holds from `(file stem, text)` worker logs; counts errors, panics and lost events.
+pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) -> Vec<Hold> {
+    let mut holds: BTreeMap<String, Hold> = BTreeMap::new();
+    for (stem, text) in logs {
+        input.processes += 1;
+        let mut pid = 0u32;
+        for line in text.lines() {
+            // A SIGKILL can cut the last line short.
+            let Ok(v) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
+            let ev = v.get("ev").and_then(Value::as_str).unwrap_or("");
+            match ev {
+                "hello" => pid = u(&v, "pid").unwrap_or(0) as u32,
+                "err" => input.acquire_errors += 1,
+                "panic" => input.panics += 1,
+                _ => {}
+            }
+            let (Some(task), Some(seq)) = (u(&v, "task"), u(&v, "seq")) else {
+                continue;
+            };
+            let id = format!("{stem}/{task}/{seq}");
+            let h = holds.entry(id.clone()).or_insert_with(|| Hold {
+                id,
+                pid,
+                ..Hold::default()
+            });
+            if let Some(dl) = u(&v, "dl") {
+                let t = u(&v, "t")
+                    .or(u(&v, "t_ok"))
+                    .or(u(&v, "t_send"))
+                    .unwrap_or(0);
+                h.deadlines.push((t, dl));
+            }
+            match ev {
+                "acq" => {
+                    h.token = u(&v, "token").unwrap_or(0);
+                    h.t_send = u(&v, "t_send").unwrap_or(0);
+                    h.t_ok = u(&v, "t_ok").unwrap_or(0);
+                }
+                "op" => {
+                    let op = Op {
+                        kind: v.get("kind").and_then(Value::as_str).unwrap_or("").into(),
+                        fenced: v.get("fenced").and_then(Value::as_bool).unwrap_or(false),
+                        accepted: v.get("accepted").and_then(Value::as_bool).unwrap_or(false),
+                        t: u(&v, "t").unwrap_or(0),
+                        t_done: u(&v, "t_done").unwrap_or(0),
+                    };
+                    h.ops.push(op);
+                }
+                "lost" | "invalid" => {
+                    if ev == "lost" {
+                        input.lost_events += 1;
+                    }
+                    let t = u(&v, "t").unwrap_or(0);
+                    if h.t_lost.is_none_or(|l| t < l) {
+                        h.t_lost = Some(t);
+                        h.lost_reason = v.get("reason").and_then(Value::as_str).map(String::from);
+                    }
+                }
+                "rel" => {
+                    h.t_rel_send = u(&v, "t_send");
+                    h.t_rel_done = u(&v, "t_done");
+                    h.rel = v.get("rel").and_then(Value::as_str).map(String::from);
+                }
+                _ => {}
+            }
+        }
+    }
+    holds.into_values().filter(|h| h.t_ok > 0).collect()
+}
+
+/// Analyses parsed input. `ttl_ns` is the lease length the workers used.
+pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
+    let holds = &mut input.holds;
+    holds.sort_by_key(|h| (h.t_ok, h.token));
+    let run_end = input
+        .run_end
+        .max(holds.iter().map(|h| h.t_ok).max().unwrap_or(0));
+    let loss_windows: Vec<(u64, u64)> = input
+        .faults
+        .iter()
+        .filter(|f| f.state_loss)
+        .map(|f| (f.t_start, f.t_end + ttl_ns))
+        .collect();
+    let in_loss = |t: u64| loss_windows.iter().any(|&(a, b)| a <= t && t <= b);
+
+    let mut r = Report {
+        processes: input.processes,
+        acquisitions: holds.len(),
+        acquire_errors: input.acquire_errors,
+        panics: input.panics,
+        resource: input.resource,
+        lost_events: input.lost_events,
+        first_ok: holds.first().map_or(0, |h| h.t_ok),
+        last_ok: holds.last().map_or(0, |h| h.t_ok),
+        ..Report::default()
+    };
+    r.lost_updates_fenced = input.resource.f_applied as i64 - input.resource.f_counter as i64;
+    r.lost_updates_unfenced = input.resource.u_applied as i64 - input.resource.u_counter as i64;
+    r.fence_refusals = holds
+        .iter()
+        .flat_map(|h| &h.ops)
+        .filter(|o| o.fenced && !o.accepted)
+        .count();
+    for h in holds.iter() {
+        match h.rel.as_deref() {
+            Some("ok") => r.releases_ok += 1,
+            Some("not_owner") => r.releases_not_owner += 1,
+            Some(_) => r.releases_err += 1,
+            None => {}
+        }
+    }
+
+    // Tokens: strictly increasing in grant order, and unique.
+    let mut seen = HashSet::new();
+    for (i, h) in holds.iter().enumerate() {
+        if !seen.insert(h.token) {
+            r.token_duplicates += 1;
+        }
+        if i > 0 && holds[i - 1].token >= h.token {
+            r.token_order_violations += 1;
+        }
+    }
+
+    // Overlaps and the lease invariant: for each hold A, every later grant B before A's end.
+    for (i, a) in holds.iter().enumerate() {
+        let a_end = a.end(run_end);
+        for b in holds[i + 1..].iter() {
+            if b.t_ok >= a_end {
+                break;
+            }
+            let during_state_loss = in_loss(b.t_ok);
+            // Lease invariant: B confirmed before A's last deadline A knew of at that time.
+            let a_deadline = a
+                .deadlines
+                .iter()
+                .filter(|(t, _)| *t <= b.t_ok)
+                .map(|&(_, d)| d)
+                .max();
+            if a_deadline.is_some_and(|d| b.t_ok < d) {
+                if during_state_loss {
+                    r.lease_violations_in_state_loss += 1;
+                } else {
+                    r.lease_violations += 1;
+                }
+            }
+            // B showed its token to the fenced store once its first fenced op completed.
+            let b_registered = b.ops.iter().filter(|o| o.fenced).map(|o| o.t_done).min();
+            let late: Vec<&Op> = a.ops.iter().filter(|o| o.t_done > b.t_ok).collect();
+            // An unfenced write sent after B's grant was confirmed ran inside B's hold. (One sent
+            // just before it and answered after is ambiguous; the counters catch real damage.)
+            let class = if late
+                .iter()
+                .any(|o| !o.fenced && o.is_write() && o.accepted && o.t > b.t_ok)
+            {
+                OverlapClass::UnnoticedUnfenced
+            } else if late
+                .iter()
+                .any(|o| o.fenced && o.accepted && b_registered.is_some_and(|t| o.t > t))
+            {
+                OverlapClass::UnnoticedFenced
+            } else if late.iter().any(|o| o.fenced && !o.accepted) {
+                OverlapClass::Fenced
+            } else {
+                OverlapClass::Lost
+            };
+            r.overlaps.push(Overlap {
+                stale: a.id.clone(),
+                newer: b.id.clone(),
+                stale_token: a.token,
+                newer_token: b.token,
+                overlap_ns: a_end.min(b.end(run_end)) - b.t_ok,
+                class,
+                during_state_loss,
+            });
+        }
+    }
+
+    // Recovery: a grant within ttl + 2 s after each fault ends, if the run went on that long.
+    let grace = ttl_ns + 2_000_000_000;
+    for f in &input.faults {
+        if f.t_end + grace > r.last_ok {
+            continue;
+        }
+        let next = holds.iter().map(|h| h.t_ok).find(|&t| t >= f.t_end);
+        if next.is_none_or(|t| t > f.t_end + grace) {
+            r.slow_recoveries += 1;
+        }
+    }
+    r.faults = input.faults;
+    r
+}
+
+/// Loads and analyses a run directory.
+pub(crate) fn check_dir(dir: &Path, ttl_ns: u64) -> std::io::Result<Report> {
+    Ok(analyse(load(dir)?, ttl_ns))
+}

@@ -1,0 +1,1032 @@
+//! The torture harness (RELIABILITY.md §6 and §7 H): private redis-server processes, worker
+//! processes that take one lock in a loop and log every hold, a nemesis, and the coordinator that
+//! ties them together and hands the logs to the checker.
+//!
+//! The coordinator is plain synchronous code on one thread: it forks every child from that thread
+//! (so `PR_SET_PDEATHSIG` kills them with it), talks to Redis with a minimal RESP client over
+//! `std::net::TcpStream`, and signals workers by pid. Workers re-execute the current binary
+//! (`std::env::current_exe`) with `DLOCK_TORTURE_WORKER=1` and their settings in the environment.
+//!
+//! Shared by `examples/torture.rs` and `tests/torture.rs` through `#[path]`.
+#![allow(dead_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use dlock::{
+    Acquired, Backend, BoxFuture, Extended, Lock, LockError, LockGuard, MemoryBackend,
+    RedisBackend, Released, Watch,
+};
+use serde_json::{Value, json};
+
+use crate::checker::{self, Report};
+
+/// The lock every worker contends for, and its Redis hash.
+pub(crate) const LOCK_NAME: &str = "torture";
+const LOCK_HASH: &str = "dlock:{torture}";
+/// The environment variable that turns a process into a worker.
+pub(crate) const WORKER_ENV: &str = "DLOCK_TORTURE_WORKER";
+
+/// `CLOCK_MONOTONIC` in ns: one clock for every process on the host, so intervals logged by
+/// different workers compare exactly (RELIABILITY.md §6.3).
+pub(crate) fn mono() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// xorshift64*: enough randomness for jitter and fault choice, no dependency.
+#[derive(Debug, Clone)]
+pub(crate) struct Rng(u64);
+
+impl Rng {
+    pub(crate) fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+    pub(crate) fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    /// Uniform in `lo..hi` (`lo` when the range is empty).
+    pub(crate) fn range(&mut self, lo: u64, hi: u64) -> u64 {
+        if hi <= lo {
+            lo
+        } else {
+            lo + self.next() % (hi - lo)
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Child processes and Redis
+// ---------------------------------------------------------------------------------------------
+
+/// Spawns `cmd` so that it dies with the spawning thread (`PR_SET_PDEATHSIG = SIGKILL`).
+pub(crate) fn spawn_tied(cmd: &mut Command) -> io::Result<Child> {
+    // SAFETY: the closure only calls prctl, which is async-signal-safe.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            );
+            Ok(())
+        });
+    }
+    cmd.spawn()
+}
+
+fn signal(pid: u32, sig: libc::c_int) {
+    // SAFETY: plain kill(2) on a pid this process spawned and has not reaped yet.
+    unsafe { libc::kill(pid as libc::pid_t, sig) };
+}
+
+fn free_port() -> io::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+/// A RESP reply.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<String>),
+    Array(Vec<Resp>),
+}
+
+impl Resp {
+    pub(crate) fn as_i64(&self) -> Option<i64> {
+        match self {
+            Resp::Int(i) => Some(*i),
+            Resp::Bulk(Some(s)) | Resp::Simple(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+    pub(crate) fn strings(&self) -> Vec<String> {
+        match self {
+            Resp::Array(a) => a
+                .iter()
+                .filter_map(|x| match x {
+                    Resp::Bulk(Some(s)) | Resp::Simple(s) => Some(s.clone()),
+                    _ => None,
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+fn read_resp(r: &mut impl BufRead) -> io::Result<Resp> {
+    let mut line = String::new();
+    if r.read_line(&mut line)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed",
+        ));
+    }
+    let line = line.trim_end_matches("\r\n");
+    let (kind, rest) = line.split_at(1.min(line.len()));
+    let bad = || {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("bad RESP line {line:?}"),
+        )
+    };
+    Ok(match kind {
+        "+" => Resp::Simple(rest.into()),
+        "-" => Resp::Error(rest.into()),
+        ":" => Resp::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let mut buf = vec![0; n as usize + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(n as usize);
+                Resp::Bulk(Some(String::from_utf8_lossy(&buf).into_owned()))
+            }
+        }
+        "*" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            let mut items = Vec::new();
+            for _ in 0..n.max(0) {
+                items.push(read_resp(r)?);
+            }
+            Resp::Array(items)
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// Sends one command on a fresh loopback connection and reads the reply.
+pub(crate) fn redis_cmd(port: u16, args: &[&str], timeout: Duration) -> io::Result<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(timeout))?;
+    s.set_write_timeout(Some(timeout))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes())?;
+    read_resp(&mut BufReader::new(s))
+}
+
+/// A private redis-server on a free 127.0.0.1 port, without persistence, with `DEBUG` allowed
+/// from loopback. Killed and reaped on drop; dies with the spawning thread.
+#[derive(Debug)]
+pub(crate) struct RedisServer {
+    pub(crate) port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub(crate) fn start(dir: &Path) -> io::Result<RedisServer> {
+        std::fs::create_dir_all(dir)?;
+        let mut last = None;
+        for _ in 0..5 {
+            let mut s = RedisServer {
+                port: free_port()?,
+                dir: dir.to_path_buf(),
+                child: None,
+            };
+            match s.spawn() {
+                Ok(()) => return Ok(s),
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("redis-server did not start")))
+    }
+
+    pub(crate) fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> io::Result<()> {
+        let port = self.port.to_string();
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port,
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .args(["--enable-debug-command", "local", "--logfile", ""])
+        .arg("--dir")
+        .arg(&self.dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = spawn_tied(&mut cmd).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("cannot run redis-server (is it installed?): {e}"),
+            )
+        })?;
+        let start = mono();
+        while mono() - start < 5_000_000_000 {
+            if let Ok(Resp::Simple(p)) = redis_cmd(self.port, &["PING"], Duration::from_secs(1))
+                && p == "PONG"
+            {
+                self.child = Some(child);
+                return Ok(());
+            }
+            if let Ok(Some(_)) = child.try_wait() {
+                return Err(io::Error::other(format!(
+                    "redis-server exited on port {port}"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        Err(io::Error::other(
+            "redis-server did not answer PING within 5 s",
+        ))
+    }
+
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// `kill -9` and start again on the same port: every key is gone (no persistence).
+    pub(crate) fn restart(&mut self) -> io::Result<()> {
+        self.kill();
+        let mut last = None;
+        for _ in 0..50 {
+            match self.spawn() {
+                Ok(()) => return Ok(()),
+                Err(e) => last = Some(e),
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("restart failed")))
+    }
+
+    pub(crate) fn cmd(&self, args: &[&str]) -> io::Result<Resp> {
+        redis_cmd(self.port, args, Duration::from_secs(5))
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The resource server: a fenced counter and an unfenced one
+// ---------------------------------------------------------------------------------------------
+
+/// Fenced read: refuses a token lower than the highest seen, else records it and returns the
+/// counter (-1 when refused).
+const FREAD: &str = r"
+local m = redis.call('GET', KEYS[1])
+if m and tonumber(m) > tonumber(ARGV[1]) then return -1 end
+redis.call('SET', KEYS[1], ARGV[1])
+return tonumber(redis.call('GET', KEYS[2]) or '0')";
+/// Fenced write: the same check, then the write, appended to the server's own log of applied
+/// writes (the ground truth for lost updates). Returns 1 when accepted, 0 when refused.
+const FWRITE: &str = r"
+local m = redis.call('GET', KEYS[1])
+if m and tonumber(m) > tonumber(ARGV[1]) then return 0 end
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[2])
+return 1";
+/// Unfenced write, with the same applied-writes log.
+const UWRITE: &str = r"
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('RPUSH', KEYS[2], ARGV[1])
+return 1";
+const F_MAX: &str = "res:f:max";
+const F_COUNTER: &str = "res:f:counter";
+const F_LOG: &str = "res:f:log";
+const U_COUNTER: &str = "res:u:counter";
+const U_LOG: &str = "res:u:log";
+
+// ---------------------------------------------------------------------------------------------
+// Worker
+// ---------------------------------------------------------------------------------------------
+
+/// Which lock the workers use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// dlock on Redis, as shipped.
+    Dlock,
+    /// Broken on purpose: a backend that grants every acquire (no exclusion, per-process tokens).
+    NoExclude,
+    /// Broken on purpose: a 20 ms lease that is never renewed, used by a naive worker that
+    /// ignores `lost()` and `is_valid()` and whose body outlasts the lease.
+    NoRenew,
+}
+
+impl Mode {
+    pub(crate) fn parse(s: &str) -> Option<Mode> {
+        match s {
+            "dlock" => Some(Mode::Dlock),
+            "noexclude" => Some(Mode::NoExclude),
+            "norenew" => Some(Mode::NoRenew),
+            _ => None,
+        }
+    }
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Mode::Dlock => "dlock",
+            Mode::NoExclude => "noexclude",
+            Mode::NoRenew => "norenew",
+        }
+    }
+}
+
+/// The test-only broken lock: every acquire is granted at once.
+#[derive(Debug, Default)]
+struct NoExclude {
+    next: AtomicU64,
+}
+
+impl Backend for NoExclude {
+    fn try_acquire<'a>(
+        &'a self,
+        _name: &'a str,
+        _owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let token = self.next.fetch_add(1, Ordering::Relaxed) + 1;
+        Box::pin(async move { Ok(Acquired::Granted { token, count: 1 }) })
+    }
+    fn release<'a>(
+        &'a self,
+        _name: &'a str,
+        _owner: &'a str,
+        _keep_for: Option<Duration>,
+        _all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async { Ok(Released::Freed) })
+    }
+    fn extend<'a>(
+        &'a self,
+        _name: &'a str,
+        _owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async { Ok(Extended::Extended) })
+    }
+    fn watch<'a>(&'a self, _name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async {
+            Err(LockError::Config(
+                "NoExclude never makes anyone wait".into(),
+            ))
+        })
+    }
+    fn has_waiters(&self, _name: &str) -> bool {
+        false
+    }
+}
+
+/// Appends JSON lines, one `write` per line, so a SIGKILL loses at most the line being written.
+#[derive(Debug)]
+struct Log(Mutex<File>);
+
+impl Log {
+    fn line(&self, v: Value) {
+        let mut s = v.to_string();
+        s.push('\n');
+        let mut f = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = f.write_all(s.as_bytes());
+    }
+}
+
+static WORKER_LOG: OnceLock<Arc<Log>> = OnceLock::new();
+
+fn env_u64(k: &str, default: u64) -> u64 {
+    std::env::var(k)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+struct Ctx {
+    lock: Lock,
+    log: Arc<Log>,
+    res: redis::aio::MultiplexedConnection,
+    end: u64,
+    body_us: u64,
+    check: bool,
+    seed: u64,
+}
+
+/// Worker process entry: reads its settings from the environment, runs the tasks until the
+/// end time, exits. Never returns.
+pub(crate) fn worker_main() -> ! {
+    let path = std::env::var("TORTURE_LOG").expect("TORTURE_LOG");
+    let file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("open worker log");
+    let log = Arc::new(Log(Mutex::new(file)));
+    let _ = WORKER_LOG.set(log.clone());
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if let Some(l) = WORKER_LOG.get() {
+            l.line(json!({"ev": "panic", "t": mono(), "msg": info.to_string()}));
+        }
+        default_hook(info);
+    }));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let code = rt.block_on(worker(log));
+    std::process::exit(code)
+}
+
+async fn worker(log: Arc<Log>) -> i32 {
+    let mode =
+        Mode::parse(&std::env::var("TORTURE_MODE").unwrap_or_default()).unwrap_or(Mode::Dlock);
+    let tasks = env_u64("TORTURE_TASKS", 4);
+    let ttl = Duration::from_millis(env_u64("TORTURE_TTL_MS", 1000));
+    let wait = Duration::from_millis(env_u64("TORTURE_WAIT_MS", 5000));
+    let lock_url = std::env::var("TORTURE_LOCK_URL").unwrap_or_default();
+    let res_url = std::env::var("TORTURE_RES_URL").unwrap_or_default();
+    // The owner-id prefix identifies this process in the lock hash, so the nemesis can find the
+    // holder's pid. Any acquisition shows it; an in-memory one needs no server.
+    let prefix = {
+        let g = Lock::new("hello")
+            .with_backend(Arc::new(MemoryBackend::new()))
+            .acquire()
+            .await
+            .expect("in-memory acquire");
+        let p = g.owner().split(':').next().unwrap_or("").to_string();
+        let _ = g.release().await;
+        p
+    };
+    let backend: Arc<dyn Backend> = match mode {
+        Mode::NoExclude => Arc::new(NoExclude::default()),
+        Mode::Dlock | Mode::NoRenew => {
+            let mut tries = 0;
+            loop {
+                match RedisBackend::connect(&lock_url).await {
+                    Ok(b) => break Arc::new(b),
+                    Err(e) if tries < 50 => {
+                        tries += 1;
+                        log.line(
+                            json!({"ev": "connect_retry", "t": mono(), "what": e.to_string()}),
+                        );
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                    Err(e) => panic!("cannot connect to the lock server: {e}"),
+                }
+            }
+        }
+    };
+    let res = redis::Client::open(res_url.as_str())
+        .expect("resource URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("connect to the resource server");
+    log.line(json!({"ev": "hello", "pid": std::process::id(), "prefix": prefix, "t": mono(), "mode": mode.as_str()}));
+    let ctx = Arc::new(Ctx {
+        lock: Lock::new(LOCK_NAME)
+            .ttl(ttl)
+            .wait(wait)
+            .watchdog(mode != Mode::NoRenew)
+            .with_backend(backend),
+        log,
+        res,
+        end: env_u64("TORTURE_END_NS", mono() + 10_000_000_000),
+        body_us: env_u64("TORTURE_BODY_US", 500),
+        check: mode != Mode::NoRenew,
+        seed: mono() ^ ((std::process::id() as u64) << 32),
+    });
+    let handles: Vec<_> = (0..tasks)
+        .map(|t| tokio::spawn(task_loop(ctx.clone(), t)))
+        .collect();
+    let mut code = 0;
+    for h in handles {
+        if h.await.is_err() {
+            code = 101;
+        }
+    }
+    code
+}
+
+fn deadline_of(g: &LockGuard) -> u64 {
+    mono() + g.remaining().as_nanos() as u64
+}
+
+async fn task_loop(ctx: Arc<Ctx>, task: u64) {
+    let mut rng = Rng::new(ctx.seed ^ (task + 1).wrapping_mul(0x1234_5678_9ABC));
+    let mut seq = 0u64;
+    while mono() < ctx.end {
+        let t_send = mono();
+        let g = match ctx.lock.acquire().await {
+            Ok(g) => g,
+            Err(e) => {
+                ctx.log
+                    .line(json!({"ev": "err", "t": mono(), "task": null, "what": e.to_string()}));
+                if !matches!(e, LockError::TimedOut { .. } | LockError::Busy { .. }) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                continue;
+            }
+        };
+        seq += 1;
+        let t_ok = mono();
+        let token = g.fencing_token();
+        ctx.log.line(
+            json!({"ev": "acq", "task": task, "seq": seq, "token": token, "owner": g.owner(),
+            "t_send": t_send, "t_ok": t_ok, "dl": deadline_of(&g)}),
+        );
+        let done = dlock::CancellationToken::new();
+        let watcher = {
+            let lost = g.lost();
+            let done = done.clone();
+            let log = ctx.log.clone();
+            tokio::spawn(async move {
+                tokio::select! {
+                    biased;
+                    reason = lost => log.line(json!({"ev": "lost", "task": task, "seq": seq, "t": mono(), "reason": reason.to_string()})),
+                    _ = done.cancelled() => {}
+                }
+            })
+        };
+        let mut res = ctx.res.clone();
+        body(&ctx, &g, &mut res, task, seq, &mut rng).await;
+        let t_rel = mono();
+        let dl = deadline_of(&g);
+        done.cancel();
+        let rel = match g.release().await {
+            Ok(()) => "ok",
+            Err(LockError::NotOwner { .. }) => "not_owner",
+            Err(_) => "err",
+        };
+        ctx.log.line(json!({"ev": "rel", "task": task, "seq": seq, "t_send": t_rel, "t_done": mono(), "rel": rel, "dl": dl}));
+        let _ = watcher.await;
+    }
+}
+
+/// The critical section: a fenced read-modify-write of one counter, then an unfenced one of
+/// another, each read → yield + random pause → validity check → write.
+async fn body(
+    ctx: &Ctx,
+    g: &LockGuard,
+    res: &mut redis::aio::MultiplexedConnection,
+    task: u64,
+    seq: u64,
+    rng: &mut Rng,
+) {
+    let token = g.fencing_token().to_string();
+    let op = |kind: &str, fenced: bool, accepted: bool, t: u64, dl: u64| {
+        ctx.log.line(
+            json!({"ev": "op", "task": task, "seq": seq, "kind": kind, "fenced": fenced,
+            "accepted": accepted, "t": t, "t_done": mono(), "dl": dl}),
+        );
+    };
+    let invalid = |t: u64| {
+        ctx.log
+            .line(json!({"ev": "invalid", "task": task, "seq": seq, "t": t}))
+    };
+
+    // Fenced.
+    let (t, dl) = (mono(), deadline_of(g));
+    let r: redis::RedisResult<i64> = redis::Script::new(FREAD)
+        .key(F_MAX)
+        .key(F_COUNTER)
+        .arg(&token)
+        .invoke_async(res)
+        .await;
+    let Ok(v) = r else { return };
+    op("fread", true, v >= 0, t, dl);
+    if v < 0 {
+        return;
+    }
+    pause(rng, ctx.body_us).await;
+    if ctx.check && !g.is_valid() {
+        return invalid(mono());
+    }
+    let (t, dl) = (mono(), deadline_of(g));
+    let r: redis::RedisResult<i64> = redis::Script::new(FWRITE)
+        .key(F_MAX)
+        .key(F_COUNTER)
+        .key(F_LOG)
+        .arg(&token)
+        .arg(v + 1)
+        .invoke_async(res)
+        .await;
+    let Ok(acc) = r else { return };
+    op("fwrite", true, acc == 1, t, dl);
+    if acc != 1 {
+        return;
+    }
+
+    // Unfenced.
+    let (t, dl) = (mono(), deadline_of(g));
+    let r: redis::RedisResult<Option<i64>> =
+        redis::cmd("GET").arg(U_COUNTER).query_async(res).await;
+    let Ok(v) = r else { return };
+    op("uread", false, true, t, dl);
+    pause(rng, ctx.body_us).await;
+    if ctx.check && !g.is_valid() {
+        return invalid(mono());
+    }
+    let (t, dl) = (mono(), deadline_of(g));
+    let r: redis::RedisResult<i64> = redis::Script::new(UWRITE)
+        .key(U_COUNTER)
+        .key(U_LOG)
+        .arg(v.unwrap_or(0) + 1)
+        .invoke_async(res)
+        .await;
+    if r.is_ok() {
+        op("uwrite", false, true, t, dl);
+    }
+}
+
+/// `yield_now` plus a random sleep of 0 to `max_us` µs (tokio's timer rounds up to 1 ms).
+async fn pause(rng: &mut Rng, max_us: u64) {
+    tokio::task::yield_now().await;
+    let us = rng.range(0, max_us + 1);
+    if us > 0 {
+        tokio::time::sleep(Duration::from_micros(us)).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Coordinator and nemesis
+// ---------------------------------------------------------------------------------------------
+
+/// How to start a worker: the binary and the arguments that make it one (plus [`WORKER_ENV`]).
+#[derive(Debug, Clone)]
+pub(crate) struct WorkerCmd {
+    pub(crate) exe: PathBuf,
+    pub(crate) args: Vec<String>,
+}
+
+/// Settings of one run.
+#[derive(Debug, Clone)]
+pub(crate) struct RunCfg {
+    pub(crate) workers: usize,
+    pub(crate) tasks: usize,
+    pub(crate) secs: f64,
+    pub(crate) nemesis: bool,
+    pub(crate) ttl_ms: u64,
+    pub(crate) wait_ms: u64,
+    pub(crate) body_us: u64,
+    pub(crate) mode: Mode,
+    pub(crate) dir: PathBuf,
+    pub(crate) seed: u64,
+    pub(crate) verbose: bool,
+}
+
+impl RunCfg {
+    /// H1's shape: 4 × 4, ttl 1 s, nemesis on.
+    pub(crate) fn new(dir: PathBuf) -> RunCfg {
+        RunCfg {
+            workers: 4,
+            tasks: 4,
+            secs: 40.0,
+            nemesis: true,
+            ttl_ms: 1000,
+            wait_ms: 5000,
+            body_us: 500,
+            mode: Mode::Dlock,
+            dir,
+            seed: mono(),
+            verbose: false,
+        }
+    }
+}
+
+/// What a run produced beyond the checker's report.
+#[derive(Debug)]
+pub(crate) struct RunResult {
+    pub(crate) report: Report,
+    /// Workers that exited on their own before the end with a failure status.
+    pub(crate) crashed: usize,
+    /// Workers still running 15 s after the end (killed).
+    pub(crate) hung: usize,
+    pub(crate) elapsed: Duration,
+}
+
+struct Slot {
+    idx: usize,
+    generation: usize,
+    child: Child,
+    prefix: String,
+}
+
+struct Coordinator<'a> {
+    cfg: &'a RunCfg,
+    cmd: &'a WorkerCmd,
+    lock_srv: RedisServer,
+    res_url: String,
+    end: u64,
+    slots: Vec<Slot>,
+    faults: File,
+    crashed: usize,
+}
+
+impl Coordinator<'_> {
+    fn spawn_worker(&self, idx: usize, generation: usize) -> io::Result<Slot> {
+        let log_path = self
+            .cfg
+            .dir
+            .join(format!("w{idx:02}-g{generation:03}.jsonl"));
+        let stderr = File::create(
+            self.cfg
+                .dir
+                .join(format!("stderr-w{idx:02}-g{generation:03}.log")),
+        )?;
+        let mut cmd = Command::new(&self.cmd.exe);
+        cmd.args(&self.cmd.args)
+            .env(WORKER_ENV, "1")
+            .env("TORTURE_LOG", &log_path)
+            .env("TORTURE_TASKS", self.cfg.tasks.to_string())
+            .env("TORTURE_TTL_MS", self.cfg.ttl_ms.to_string())
+            .env("TORTURE_WAIT_MS", self.cfg.wait_ms.to_string())
+            .env("TORTURE_BODY_US", self.cfg.body_us.to_string())
+            .env("TORTURE_MODE", self.cfg.mode.as_str())
+            .env("TORTURE_END_NS", self.end.to_string())
+            .env("TORTURE_LOCK_URL", self.lock_srv.url())
+            .env("TORTURE_RES_URL", &self.res_url)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        let mut child = spawn_tied(&mut cmd)?;
+        // Wait for the worker's hello line, which carries its owner-id prefix.
+        let start = mono();
+        loop {
+            if let Ok(text) = std::fs::read_to_string(&log_path)
+                && let Some(v) = text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                    .find(|v| v["ev"] == "hello")
+            {
+                let prefix = v["prefix"].as_str().unwrap_or("").to_string();
+                return Ok(Slot {
+                    idx,
+                    generation,
+                    child,
+                    prefix,
+                });
+            }
+            if let Ok(Some(st)) = child.try_wait() {
+                return Err(io::Error::other(format!(
+                    "worker {idx} exited at start: {st}"
+                )));
+            }
+            if mono() - start > 30_000_000_000 {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(io::Error::other(format!(
+                    "worker {idx} did not start within 30 s"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    fn fault(
+        &mut self,
+        kind: &str,
+        t_start: u64,
+        t_end: u64,
+        pid: Option<u32>,
+        state_loss: bool,
+        holder: bool,
+    ) {
+        let line = json!({"kind": kind, "t_start": t_start, "t_end": t_end, "pid": pid,
+            "state_loss": state_loss, "holder": holder});
+        let _ = writeln!(self.faults, "{line}");
+        if self.cfg.verbose {
+            eprintln!(
+                "torture: +{:.1}s {kind} ({:.2} s){}",
+                (t_start as f64 - (self.end as f64 - self.cfg.secs * 1e9 - 3e9)) / 1e9,
+                (t_end - t_start) as f64 / 1e9,
+                if holder {
+                    ""
+                } else {
+                    " (no holder found; random worker)"
+                }
+            );
+        }
+    }
+
+    /// The slot whose process holds the lock now, found through the owner ids in the lock hash.
+    fn holder(&self, rng: &mut Rng) -> (usize, bool) {
+        for _ in 0..40 {
+            if let Ok(r) = self.lock_srv.cmd(&["HKEYS", LOCK_HASH]) {
+                for owner in r.strings() {
+                    let prefix = owner.split(':').next().unwrap_or("");
+                    if let Some(i) = self.slots.iter().position(|s| s.prefix == prefix) {
+                        return (i, true);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        (rng.range(0, self.slots.len() as u64) as usize, false)
+    }
+
+    /// Reaps workers that died on their own, and respawns them while the run goes on.
+    fn reap(&mut self) -> io::Result<()> {
+        for i in 0..self.slots.len() {
+            if let Ok(Some(st)) = self.slots[i].child.try_wait() {
+                if mono() < self.end {
+                    self.crashed += 1;
+                    eprintln!("torture: worker {} exited early: {st}", self.slots[i].idx);
+                    let (idx, generation) = (self.slots[i].idx, self.slots[i].generation + 1);
+                    self.slots[i] = self.spawn_worker(idx, generation)?;
+                } else if !st.success() {
+                    self.crashed += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn nemesis(&mut self, rng: &mut Rng) -> io::Result<()> {
+        let mut next = mono() + rng.range(2_000, 4_000) * 1_000_000;
+        // No new fault in the last 4 s, so that the run ends with the lock working.
+        while next + 4_000_000_000 < self.end {
+            while mono() < next {
+                std::thread::sleep(Duration::from_millis(10));
+                self.reap()?;
+            }
+            let t0 = mono();
+            match rng.range(0, 5) {
+                0 => {
+                    let (i, holder) = self.holder(rng);
+                    let pid = self.slots[i].child.id();
+                    let t = mono();
+                    signal(pid, libc::SIGKILL);
+                    let _ = self.slots[i].child.wait();
+                    let (idx, generation) = (self.slots[i].idx, self.slots[i].generation + 1);
+                    self.slots[i] = self.spawn_worker(idx, generation)?;
+                    self.fault("kill_holder", t, mono(), Some(pid), false, holder);
+                }
+                1 => {
+                    let (i, holder) = self.holder(rng);
+                    let pid = self.slots[i].child.id();
+                    let t = mono();
+                    signal(pid, libc::SIGSTOP);
+                    std::thread::sleep(Duration::from_millis(rng.range(1500, 3001)));
+                    signal(pid, libc::SIGCONT);
+                    self.fault("stop_holder", t, mono(), Some(pid), false, holder);
+                }
+                2 => {
+                    let t = mono();
+                    self.lock_srv.restart()?;
+                    self.fault("restart_redis", t, mono(), None, true, true);
+                }
+                3 => {
+                    let t = mono();
+                    let r = self.lock_srv.cmd(&["CLIENT", "PAUSE", "1500"])?;
+                    assert_eq!(r, Resp::Simple("OK".into()), "CLIENT PAUSE");
+                    std::thread::sleep(Duration::from_millis(1500));
+                    self.fault("client_pause", t, mono(), None, false, true);
+                }
+                _ => {
+                    let t = mono();
+                    let r = redis_cmd(
+                        self.lock_srv.port,
+                        &["DEBUG", "SLEEP", "1.5"],
+                        Duration::from_secs(10),
+                    )?;
+                    assert_eq!(r, Resp::Simple("OK".into()), "DEBUG SLEEP");
+                    self.fault("debug_sleep", t, mono(), None, false, true);
+                }
+            }
+            next = t0 + rng.range(2_000, 4_001) * 1_000_000;
+        }
+        Ok(())
+    }
+}
+
+/// Runs the torture: servers, `cfg.workers` worker processes, the nemesis (if on), then the
+/// checker on the logs in `cfg.dir`.
+pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
+    let started = std::time::Instant::now();
+    std::fs::create_dir_all(&cfg.dir)?;
+    for e in std::fs::read_dir(&cfg.dir)? {
+        let p = e?.path();
+        if p.is_file() {
+            std::fs::remove_file(p)?;
+        }
+    }
+    let lock_srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
+    let res_srv = RedisServer::start(&cfg.dir.join("redis-resource"))?;
+    let mut rng = Rng::new(cfg.seed);
+    // Workers start before the clock runs, so the run length is time spent contending.
+    let startup_allowance = 3_000_000_000;
+    let end = mono() + startup_allowance + (cfg.secs * 1e9) as u64;
+    let mut co = Coordinator {
+        cfg,
+        cmd,
+        lock_srv,
+        res_url: res_srv.url(),
+        end,
+        slots: Vec::new(),
+        faults: File::create(cfg.dir.join("faults.jsonl"))?,
+        crashed: 0,
+    };
+    for idx in 0..cfg.workers {
+        let slot = co.spawn_worker(idx, 0)?;
+        co.slots.push(slot);
+    }
+    if cfg.verbose {
+        eprintln!(
+            "torture: {} workers × {} tasks, mode {}, ttl {} ms, nemesis {}, lock server :{}, resource :{}, logs in {}",
+            cfg.workers,
+            cfg.tasks,
+            cfg.mode.as_str(),
+            cfg.ttl_ms,
+            cfg.nemesis,
+            co.lock_srv.port,
+            res_srv.port,
+            cfg.dir.display()
+        );
+    }
+    if cfg.nemesis {
+        co.nemesis(&mut rng)?;
+    }
+    while mono() < end {
+        std::thread::sleep(Duration::from_millis(20));
+        co.reap()?;
+    }
+    // Drain: workers stop once their current acquire (at most `wait`) and body end.
+    let drain_until = end + cfg.wait_ms * 1_000_000 + 15_000_000_000;
+    let mut hung = 0;
+    for s in &mut co.slots {
+        loop {
+            match s.child.try_wait()? {
+                Some(st) => {
+                    if !st.success() {
+                        co.crashed += 1;
+                    }
+                    break;
+                }
+                None if mono() > drain_until => {
+                    hung += 1;
+                    let _ = s.child.kill();
+                    let _ = s.child.wait();
+                    break;
+                }
+                None => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+    }
+    let get = |k: &str| {
+        res_srv
+            .cmd(&["GET", k])
+            .ok()
+            .and_then(|r| r.as_i64())
+            .unwrap_or(0)
+    };
+    let len = |k: &str| {
+        res_srv
+            .cmd(&["LLEN", k])
+            .ok()
+            .and_then(|r| r.as_i64())
+            .unwrap_or(0)
+    };
+    let resource = json!({"f_counter": get(F_COUNTER), "f_applied": len(F_LOG),
+        "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono()});
+    std::fs::write(cfg.dir.join("resource.json"), resource.to_string())?;
+    let crashed = co.crashed;
+    drop(co);
+    drop(res_srv);
+    let report = checker::check_dir(&cfg.dir, cfg.ttl_ms * 1_000_000)?;
+    Ok(RunResult {
+        report,
+        crashed,
+        hung,
+        elapsed: started.elapsed(),
+    })
+}
