@@ -20,7 +20,11 @@ struct Ledger {
 }
 
 #[dlock::distributed_lock(key = "ledger:{account}", ttl = "10s", wait = "5s")]
-async fn deposit(ledger: Arc<Ledger>, account: u32, worker: usize) -> Result<u64, dlock::LockError> {
+async fn deposit(
+    ledger: Arc<Ledger>,
+    account: u32,
+    worker: usize,
+) -> Result<u64, dlock::LockError> {
     let token = dlock::fencing_token().unwrap_or(0);
     // A fenced resource refuses a lower token than the highest it has seen.
     let previous = ledger.last_token.fetch_max(token, Ordering::SeqCst);
@@ -37,7 +41,10 @@ async fn main() -> Result<(), dlock::LockError> {
     match std::env::var("DLOCK_REDIS_URL") {
         Ok(url) => {
             dlock::init(&url).await?;
-            println!("backend: Redis at {}", url.split('@').next_back().unwrap_or(""));
+            println!(
+                "backend: Redis at {}",
+                url.split('@').next_back().unwrap_or("")
+            );
         }
         Err(_) => println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)"),
     }
@@ -59,6 +66,10 @@ async fn main() -> Result<(), dlock::LockError> {
     }
     let balance = ledger.balance.load(Ordering::SeqCst);
     println!("balance: {balance} (expected {})", workers * rounds);
-    assert_eq!(balance, (workers * rounds) as u64, "lost updates: the lock did not exclude");
+    assert_eq!(
+        balance,
+        (workers * rounds) as u64,
+        "lost updates: the lock did not exclude"
+    );
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! # dlock: distributed locks for async Rust
 //!
-//! ```ignore
+//! ```
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
 //! #[dlock::distributed_lock(key = "order:{order_id}", ttl = "30s", wait = "5s")]
 //! async fn pay(order_id: u64) -> Result<u64, dlock::LockError> {
@@ -9,8 +9,13 @@
 //! }
 //! pay(42).await?;
 //! # Ok(()) }
-//! ```ignore
-#![warn(missing_docs, missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+//! ```
+#![warn(
+    missing_docs,
+    missing_debug_implementations,
+    rust_2018_idioms,
+    unreachable_pub
+)]
 #![doc(test(attr(deny(warnings))))]
 
 pub use dlock_runtime::*;
@@ -21,7 +26,7 @@ pub use dlock_macros::distributed_lock;
 /// Not public API: what the `#[distributed_lock]` expansion calls. No semver promise.
 #[doc(hidden)]
 pub mod __private {
-    pub use dlock_runtime::private::*;
     pub use core;
+    pub use dlock_runtime::private::*;
     pub use std::time::Duration;
 }

@@ -6,8 +6,8 @@
 //! `tokio::spawn`ed task does not inherit task-locals, so it is a different owner.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::LazyLock;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::guard::Hold;
 

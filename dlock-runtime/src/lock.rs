@@ -157,8 +157,7 @@ impl Lock {
         // Re-enter only a hold of this name that the call chain already has; any other
         // acquisition gets a fresh owner, so two futures joined in one task still exclude
         // each other.
-        let parent =
-            context::current().and_then(|f| f.find(backend_id(&backend), &self.name));
+        let parent = context::current().and_then(|f| f.find(backend_id(&backend), &self.name));
         let owner = match &parent {
             Some(h) => h.owner.clone(),
             None => context::new_owner(),
@@ -178,7 +177,9 @@ impl Lock {
                 waited_us = started.elapsed().as_micros() as u64,
                 "dlock: acquired"
             ),
-            Err(e) => tracing::debug!(parent: &span, key = %self.name, error = %e, "dlock: not acquired"),
+            Err(e) => {
+                tracing::debug!(parent: &span, key = %self.name, error = %e, "dlock: not acquired")
+            }
         }
         r
     }

@@ -45,11 +45,7 @@ pub fn register_arc(name: &str, backend: Arc<dyn Backend>) {
 /// The backend registered under `name`. With nothing registered as `"default"`, the in-memory
 /// backend is installed there on first use (one `info` event says so).
 pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
-    if let Some(b) = REGISTRY
-        .read()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(name)
-    {
+    if let Some(b) = REGISTRY.read().unwrap_or_else(|e| e.into_inner()).get(name) {
         return Ok(b.clone());
     }
     let mut map = REGISTRY.write().unwrap_or_else(|e| e.into_inner());
