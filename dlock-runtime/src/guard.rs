@@ -253,7 +253,16 @@ impl LockGuard {
             loop {
                 let deadline = hold.deadline();
                 tokio::select! {
+                    biased;
                     _ = hold.lost.cancelled() => break,
+                    _ = hold.stop.cancelled() => {
+                        // Released or dropped before it was lost: never completes (the deadline
+                        // is no longer renewed, so waiting for it would report a false loss).
+                        if !hold.lost.is_cancelled() {
+                            std::future::pending::<()>().await;
+                        }
+                        break;
+                    }
                     _ = tokio::time::sleep_until(deadline) => {
                         if Instant::now() >= hold.deadline() {
                             hold.mark_lost(hold.expiry_reason(Instant::now()));
