@@ -23,6 +23,7 @@ both_backends!(
     lua_shaped_names_work_and_touch_no_other_keys,
     dropped_guard_releases_in_the_background,
     tokens_strictly_increase_across_acquisitions,
+    lost_never_fires_after_a_clean_release_or_drop,
 );
 
 /// 32 tasks on two clients of the store, ~2,000 acquisitions of one key, each doing a
@@ -561,4 +562,22 @@ async fn tokens_strictly_increase_across_acquisitions(env: Env) {
     assert!(g.fencing_token() > last);
     drop(g);
     g2.release().await.unwrap();
+}
+
+/// `lost()` "never completes for a lease that is released first": a lost future kept past a
+/// release or a drop must not fire when the (no longer renewed) deadline passes.
+async fn lost_never_fires_after_a_clean_release_or_drop(env: Env) {
+    let ttl = Duration::from_millis(300);
+    let g = env.lock("released").ttl(ttl).acquire().await.unwrap();
+    let lost_after_release = g.lost();
+    let token_after_release = g.lost_token();
+    g.release().await.unwrap();
+    let g = env.lock("dropped-lost").ttl(ttl).acquire().await.unwrap();
+    let lost_after_drop = g.lost();
+    drop(g);
+    let r = tokio::time::timeout(ttl * 3, lost_after_release).await;
+    assert!(r.is_err(), "lost() fired after a clean release: {r:?}");
+    let r = tokio::time::timeout(Duration::from_millis(10), lost_after_drop).await;
+    assert!(r.is_err(), "lost() fired after a drop: {r:?}");
+    assert!(!token_after_release.is_cancelled());
 }
