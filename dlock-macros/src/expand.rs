@@ -116,10 +116,10 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     let mapping = match (args.on_busy, &args.policy) {
         (Some((OnBusy::Skip, _)), _) => {
             if shape == Shape::Other {
-                errors.push_spanned(
-                    ret_span,
+                errors.push(item::return_error(
+                    sig,
                     "on_busy = \"skip\" returns without running the body when the lock is busy, so the function must return `()` or `Option<T>` (the skipped call gives `()` or `None`); use on_busy = \"error\" to get the error in a `Result`",
-                );
+                ));
             }
             BusyMapping::Skip
         }
@@ -131,12 +131,12 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
                 } else {
                     "on_busy = \"error\" (the default)"
                 };
-                errors.push_spanned(
-                    ret_span,
+                errors.push(item::return_error(
+                    sig,
                     format!(
                         "{what} gives the busy `dlock::LockError` back through the return type, so the function must return `Result<T, E>` with `E: From<dlock::LockError>`; for a function returning `()` or `Option<T>`, write on_busy = \"skip\""
                     ),
-                );
+                ));
             }
             BusyMapping::Error
         }
@@ -218,13 +218,17 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
 
     let err = format_ident!("__dlock_e");
     let on_err = match mapping {
-        BusyMapping::Error => quote_spanned! {ret_span=>
-            #p::core::result::Result::Err(#p::core::convert::From::from(#err))
-        },
+        // Spanned (path included) at the return type, so that a missing
+        // `E: From<LockError>` is reported there.
+        BusyMapping::Error => {
+            let p = item::respan(p.clone(), ret_span);
+            quote_spanned! {ret_span=> #p::busy_error(#err) }
+        }
         BusyMapping::Skip => quote!(#p::skipped(&__DLOCK_SPEC, #err)),
-        BusyMapping::ByReturnType => quote_spanned! {ret_span=>
-            #p::busy_return(&__DLOCK_SPEC, #err)
-        },
+        BusyMapping::ByReturnType => {
+            let p = item::respan(p.clone(), ret_span);
+            quote_spanned! {ret_span=> #p::busy_return(&__DLOCK_SPEC, #err) }
+        }
     };
 
     let MaybeItemFn {

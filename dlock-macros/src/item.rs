@@ -50,9 +50,12 @@ pub(crate) struct Binding {
     pub(crate) span: Span,
 }
 
-/// Every name the parameters bind, in order.
+/// Every name the parameters bind, in order, after the const generic parameters.
 pub(crate) fn bindings(sig: &Signature) -> Vec<Binding> {
     let mut out = Vec::new();
+    for c in sig.generics.const_params() {
+        push_ident(&c.ident, &mut out);
+    }
     for input in &sig.inputs {
         match input {
             FnArg::Receiver(r) => {
@@ -97,10 +100,36 @@ fn collect(pat: &Pat, out: &mut Vec<Binding>) {
     }
 }
 
-/// Span to blame for return-type problems: the type, or the signature when there is none.
+/// Span to blame for return-type problems: the type's first token, or the fn name when there is
+/// no return type.
 pub(crate) fn return_span(sig: &Signature) -> Span {
     match &sig.output {
         syn::ReturnType::Type(_, ty) => ty.span(),
-        syn::ReturnType::Default => sig.paren_token.span.join(),
+        syn::ReturnType::Default => sig.ident.span(),
     }
+}
+
+/// An error covering the whole return type (or the fn name when there is none).
+pub(crate) fn return_error(sig: &Signature, msg: impl std::fmt::Display) -> syn::Error {
+    match &sig.output {
+        syn::ReturnType::Type(_, ty) => syn::Error::new_spanned(ty, msg),
+        syn::ReturnType::Default => syn::Error::new(sig.ident.span(), msg),
+    }
+}
+
+/// `tokens` with every span set to `span`, so that rustc reports errors in them there.
+pub(crate) fn respan(tokens: TokenStream, span: Span) -> TokenStream {
+    tokens
+        .into_iter()
+        .map(|mut tt| {
+            if let proc_macro2::TokenTree::Group(g) = &tt {
+                let mut ng = proc_macro2::Group::new(g.delimiter(), respan(g.stream(), span));
+                ng.set_span(span);
+                tt = proc_macro2::TokenTree::Group(ng);
+            } else {
+                tt.set_span(span);
+            }
+            tt
+        })
+        .collect()
 }

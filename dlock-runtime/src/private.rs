@@ -248,6 +248,11 @@ fn skip_by_policy<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
     skipped(spec, err)
 }
 
+/// For `on_busy = "error"`: the error, converted into the function's error type.
+pub fn busy_error<T, E: From<LockError>>(err: LockError) -> Result<T, E> {
+    Err(E::from(err))
+}
+
 /// See [`BusyReturn`].
 pub fn busy_return<R: BusyReturn>(spec: &'static LockSpec, err: LockError) -> R {
     R::busy_return(spec, err)

@@ -1,0 +1,8 @@
+use dlock::{LockError, distributed_lock};
+
+#[distributed_lock(ttl = "10s")]
+async fn f(order_id: u64) -> Result<u64, LockError> {
+    Ok(order_id)
+}
+
+fn main() {}
