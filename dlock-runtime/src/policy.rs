@@ -1,51 +1,6 @@
-//! Named lock policies: settings that ops teams change without touching code.
-//!
-//! A policy names any of `ttl`, `wait`, `backend`, `watchdog`, `on_busy`, `hold_at_least` and
-//! `on_lost`. `#[distributed_lock(key = "...", policy = "payments")]` takes its settings from the
-//! policy; options written in the attribute win over it.
-//!
-//! # Where policies come from
-//!
-//! * **Code**: [`define_policy`]`("payments", policy)`.
-//! * **A TOML file** loaded at start-up with [`load_policies`] (or a string with
-//!   [`load_policies_str`]); durations are humantime strings:
-//!
-//!   ```toml
-//!   [policy.payments]
-//!   ttl = "10s"
-//!   wait = "2s"
-//!   backend = "default"
-//!   watchdog = true
-//!   on_busy = "skip"          # or "error"
-//!   hold_at_least = "1m"
-//!   on_lost = "cancel"        # or "continue"
-//!   ```
-//!
-//! * **Environment variables** `DLOCK_POLICY_<NAME>_<FIELD>`, read when a policy is looked up:
-//!   `<NAME>` is the policy name uppercased with every character other than `A-Z`/`0-9` turned
-//!   into `_`, `<FIELD>` one of `TTL`, `WAIT`, `BACKEND`, `WATCHDOG`, `ON_BUSY`,
-//!   `HOLD_AT_LEAST`, `ON_LOST`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
-//!   `DLOCK_POLICY_NIGHTLY_REPORT_ON_BUSY=skip` for the policy `nightly-report`. Values are
-//!   written as in the file (`true`/`false` for `WATCHDOG`). A policy that only the environment
-//!   names exists too.
-//!
-//! # Precedence
-//!
-//! Highest first, field by field:
-//!
-//! **attribute > environment > policy file > policy defined in code > built-in defaults**
-//!
-//! (defaults: ttl 30 s, wait 0, backend `"default"`, watchdog on, on_busy error, no
-//! hold_at_least, on_lost cancel). Loading a second file replaces the fields it names.
-//!
-//! A `#[distributed_lock]` function resolves its settings once, at its first call, and keeps
-//! them: define and load policies at start-up, before the first locked call. A policy name
-//! that no layer defines makes that call fail with [`LockError::UnknownPolicy`], which lists
-//! the known names; a malformed environment value fails it with [`LockError::Config`].
-//!
-//! `on_busy` from a policy applies to functions whose attribute does not set it, as far as the
-//! return type allows: a `Result` always carries the busy error, a function returning `()` or
-//! `Option<T>` always skips.
+//! Named lock policies: settings that ops teams change without touching code. The sources
+//! (code, TOML file, environment) and their precedence are documented on [`Policy`], the public
+//! face of this private module.
 
 use std::collections::HashMap;
 use std::sync::{LazyLock, RwLock};
@@ -74,6 +29,55 @@ pub enum OnLost {
 }
 
 /// A named set of lock settings; every field is optional.
+///
+/// Policies are how ops teams change lock settings without touching code.
+///
+/// A policy names any of `ttl`, `wait`, `backend`, `watchdog`, `on_busy`, `hold_at_least` and
+/// `on_lost`. `#[distributed_lock(key = "...", policy = "payments")]` takes its settings from the
+/// policy; options written in the attribute win over it.
+///
+/// # Where policies come from
+///
+/// * **Code**: [`define_policy`]`("payments", policy)`.
+/// * **A TOML file** loaded at start-up with [`load_policies`] (or a string with
+///   [`load_policies_str`]); durations are humantime strings:
+///
+///   ```toml
+///   [policy.payments]
+///   ttl = "10s"
+///   wait = "2s"
+///   backend = "default"
+///   watchdog = true
+///   on_busy = "skip"          # or "error"
+///   hold_at_least = "1m"
+///   on_lost = "cancel"        # or "continue"
+///   ```
+///
+/// * **Environment variables** `DLOCK_POLICY_<NAME>_<FIELD>`, read when a policy is looked up:
+///   `<NAME>` is the policy name uppercased with every character other than `A-Z`/`0-9` turned
+///   into `_`, `<FIELD>` one of `TTL`, `WAIT`, `BACKEND`, `WATCHDOG`, `ON_BUSY`,
+///   `HOLD_AT_LEAST`, `ON_LOST`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
+///   `DLOCK_POLICY_NIGHTLY_REPORT_ON_BUSY=skip` for the policy `nightly-report`. Values are
+///   written as in the file (`true`/`false` for `WATCHDOG`). A policy that only the environment
+///   names exists too.
+///
+/// # Precedence
+///
+/// Highest first, field by field:
+///
+/// **attribute > environment > policy file > policy defined in code > built-in defaults**
+///
+/// (defaults: ttl 30 s, wait 0, backend `"default"`, watchdog on, on_busy error, no
+/// hold_at_least, on_lost cancel). Loading a second file replaces the fields it names.
+///
+/// A `#[distributed_lock]` function resolves its settings once, at its first call, and keeps
+/// them: define and load policies at start-up, before the first locked call. A policy name
+/// that no layer defines makes that call fail with [`LockError::UnknownPolicy`], which lists
+/// the known names; a malformed environment value fails it with [`LockError::Config`].
+///
+/// `on_busy` from a policy applies to functions whose attribute does not set it, as far as the
+/// return type allows: a `Result` always carries the busy error, a function returning `()` or
+/// `Option<T>` always skips.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Policy {
@@ -137,7 +141,7 @@ pub fn define_policy(name: &str, policy: Policy) {
         .insert(name.to_string(), policy);
 }
 
-/// Loads policies from a TOML file (format in the [module docs](self)). Fields it names replace
+/// Loads policies from a TOML file (format in the [`Policy`] docs). Fields it names replace
 /// those of earlier loads; the whole file is checked before anything is applied.
 pub fn load_policies(path: impl AsRef<std::path::Path>) -> Result<(), LockError> {
     let path = path.as_ref();
@@ -153,7 +157,7 @@ pub fn load_policies(path: impl AsRef<std::path::Path>) -> Result<(), LockError>
     })
 }
 
-/// Loads policies from TOML text (format in the [module docs](self)).
+/// Loads policies from TOML text (format in the [`Policy`] docs).
 pub fn load_policies_str(text: &str) -> Result<(), LockError> {
     let table: toml::Table = text
         .parse()
@@ -206,7 +210,7 @@ pub fn load_policies_str(text: &str) -> Result<(), LockError> {
     Ok(())
 }
 
-/// The environment variable for `field` of the policy `name` (see the [module docs](self)).
+/// The environment variable for `field` of the policy `name` (see the [`Policy`] docs).
 pub fn policy_env_var(name: &str, field: &str) -> String {
     let mangle = |s: &str| -> String {
         s.chars()
