@@ -93,8 +93,20 @@ impl Hold {
         }
     }
 
-    fn is_valid(&self) -> bool {
+    pub(crate) fn is_valid(&self) -> bool {
         !self.lost.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// The error for a hold that is no longer valid.
+    pub(crate) fn lost_error(&self) -> LockError {
+        LockError::Lost {
+            key: self.name.clone(),
+            reason: self
+                .lost_reason
+                .get()
+                .copied()
+                .unwrap_or_else(|| self.expiry_reason(Instant::now())),
+        }
     }
 }
 
@@ -239,10 +251,7 @@ impl LockGuard {
     }
 
     fn lost_error(&self) -> LockError {
-        LockError::Lost {
-            key: self.hold.name.clone(),
-            reason: self.lost_reason().unwrap_or(LostReason::Deadline),
-        }
+        self.hold.lost_error()
     }
 
     /// Completes when the lease is lost: the local deadline passed, a renewal found another owner,

@@ -1,19 +1,6 @@
 //! Lock names: validation and the fixed rule that maps a name to Redis keys.
 //!
-//! # The naming rule
-//!
-//! A lock name `N` is escaped as `E = escape(N)`: `\` becomes `\\`, `{` becomes `\(` and `}`
-//! becomes `\)`; every other character stays as it is. Then
-//!
-//! | role | Redis key / channel | example for `order:42` |
-//! |---|---|---|
-//! | lock (hash `owner -> hold count`, plus field `:fence`) | `dlock:{E}` | `dlock:{order:42}` |
-//! | fencing counter (string, kept past release) | `dlock:{E}:fence` | `dlock:{order:42}:fence` |
-//! | release channel (pub/sub) | `dlock:{E}:rel` | `dlock:{order:42}:rel` |
-//!
-//! `E` never contains `}`, so the Redis Cluster hash tag is exactly `E`: all three names of one lock
-//! live in one slot, user input cannot move the slot, and the escaping is injective, so no name's
-//! keys collide with another name's keys of any role.
+//! See [`redis_keys`] for the naming rule.
 
 use crate::LockError;
 
@@ -52,7 +39,7 @@ fn escape_into(out: &mut String, name: &str) {
     }
 }
 
-/// The Redis names of one lock, built by the rule in the [module docs](self).
+/// The Redis names of one lock, built by the rule of [`redis_keys`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisKeys {
     /// The lock hash: `dlock:{E}`.
@@ -64,6 +51,22 @@ pub struct RedisKeys {
 }
 
 /// Maps a lock name to its Redis lock key, fence key and release channel.
+///
+/// # The naming rule
+///
+/// A lock name `N` is escaped as `E = escape(N)`: `\` becomes `\\`, `{` becomes `\(` and `}`
+/// becomes `\)`; every other character stays as it is. Then
+///
+/// | role | Redis key / channel | example for `order:42` |
+/// |---|---|---|
+/// | lock (hash `owner -> hold count`, plus field `:fence`) | `dlock:{E}` | `dlock:{order:42}` |
+/// | fencing counter (string, kept past release) | `dlock:{E}:fence` | `dlock:{order:42}:fence` |
+/// | release channel (pub/sub) | `dlock:{E}:rel` | `dlock:{order:42}:rel` |
+///
+/// `E` never contains `}`, so the Redis Cluster hash tag is exactly `E`: all three names of one lock
+/// live in one slot, user input cannot move the slot, and the escaping is injective, so no name's
+/// keys collide with another name's keys of any role.
+///
 ///
 /// ```
 /// let keys = dlock_runtime::redis_keys("order:42");

@@ -158,6 +158,13 @@ impl Lock {
         // acquisition gets a fresh owner, so two futures joined in one task still exclude
         // each other.
         let parent = context::current().and_then(|f| f.find(backend_id(&backend), &self.name));
+        if let Some(p) = &parent
+            && !p.is_valid()
+        {
+            // Re-entering a lease that is already lost would hand out a guard for a lock this
+            // chain no longer holds.
+            return Err(p.lost_error());
+        }
         let owner = match &parent {
             Some(h) => h.owner.clone(),
             None => context::new_owner(),
@@ -227,6 +234,16 @@ impl Lock {
                 };
                 match outcome {
                     Ok(Acquired::Granted { token, count }) => {
+                        if let Some(p) = &parent
+                            && count <= 1
+                        {
+                            // The server did not know the outer hold (its lease ended there):
+                            // this is a fresh grant, not a re-entry. Give it back and report the
+                            // outer hold lost.
+                            p.mark_lost(crate::LostReason::NotOwner);
+                            let _ = backend.release(name, &owner, None, true).await;
+                            return Err(p.lost_error());
+                        }
                         if let Some(w) = &watch {
                             w.note_remaining(self.ttl);
                         }

@@ -1,23 +1,7 @@
 //! The Redis backend: one instance or a master, over `ConnectionManager`s, Lua scripts run by
 //! EVALSHA (NOSCRIPT falls back to loading the script), and pub/sub wake-ups for waiters.
 //!
-//! # Connections and runtimes
-//!
-//! A redis-rs connection drives its socket from a task on the tokio runtime that created it, and
-//! dies with that runtime. A backend registered once in a process-global registry must keep
-//! working when that runtime is gone (one `#[tokio::test]` per runtime, a runtime per thread), so
-//! the backend keeps one data connection and one pub/sub connection per live runtime, created on
-//! first use in that runtime and forgotten when the runtime shuts down. In the usual service, one
-//! runtime, that is one multiplexed data connection and one pub/sub connection per backend.
-//!
-//! # Waiting
-//!
-//! Waiters of one runtime share its pub/sub connection (RESP3 push messages, resubscribed
-//! automatically after a reconnect). The first waiter for a lock subscribes to its release
-//! channel; the release script publishes once; the message wakes one waiter of the queue. A lost
-//! pub/sub connection wakes every waiter so that none sleeps through a missed release. When the
-//! server refuses pub/sub (an ACL user without `&dlock:*`, a server without RESP3), waiting falls
-//! back to the holder's remaining lease as a timer, with one `warn` event.
+//! See [`RedisBackend`] for how connections follow runtimes and how waiting works.
 
 use std::collections::HashSet;
 use std::fmt;
@@ -128,7 +112,25 @@ impl RedisBackendBuilder {
 
 /// Locks in one Redis server (or master), shared by every process that uses the same server.
 ///
-/// Cheap to clone. See the [module docs](self) for how connections follow runtimes.
+/// Cheap to clone.
+///
+/// # Connections and runtimes
+///
+/// A redis-rs connection drives its socket from a task on the tokio runtime that created it, and
+/// dies with that runtime. A backend registered once in a process-global registry must keep
+/// working when that runtime is gone (one `#[tokio::test]` per runtime, a runtime per thread), so
+/// the backend keeps one data connection and one pub/sub connection per live runtime, created on
+/// first use in that runtime and forgotten when the runtime shuts down. In the usual service, one
+/// runtime, that is one multiplexed data connection and one pub/sub connection per backend.
+///
+/// # Waiting
+///
+/// Waiters of one runtime share its pub/sub connection (RESP3 push messages, resubscribed
+/// automatically after a reconnect). The first waiter for a lock subscribes to its release
+/// channel; the release script publishes once; the message wakes one waiter of the queue. A lost
+/// pub/sub connection wakes every waiter so that none sleeps through a missed release. When the
+/// server refuses pub/sub (an ACL user without `&dlock:*`, a server without RESP3), waiting falls
+/// back to the holder's remaining lease as a timer, with one `warn` event.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -192,10 +194,13 @@ fn map_err(key: &str, e: RedisError) -> LockError {
     LockError::backend(key, e)
 }
 
+/// A SUBSCRIBE failure that will not go away by retrying: no channel permission (ACL), or a
+/// server without RESP3 (`HELLO` unknown, Redis < 6). Transient errors are not refusals.
 fn is_refusal(e: &RedisError) -> bool {
     matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
         || e.kind() == ErrorKind::InvalidClientConfig
-        || matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
+        || (matches!(e.kind(), ErrorKind::Server(ServerErrorKind::ResponseError))
+            && e.to_string().to_ascii_lowercase().contains("hello"))
 }
 
 fn ms(d: Duration) -> u64 {
