@@ -24,7 +24,60 @@ both_backends!(
     dropped_guard_releases_in_the_background,
     tokens_strictly_increase_across_acquisitions,
     lost_never_fires_after_a_clean_release_or_drop,
+    reentering_a_lost_hold_is_lost_and_leaves_no_grant,
+    reentering_a_hold_deleted_on_the_server_is_lost_and_leaves_no_grant,
 );
+
+/// The outer hold is still valid locally, but its key was deleted on the server: the nested
+/// acquisition finds a fresh grant instead of a re-entry, gives it back and reports Lost.
+async fn reentering_a_hold_deleted_on_the_server_is_lost_and_leaves_no_grant(env: Env) {
+    let name = "reenter-deleted";
+    let outer = env.lock(name).acquire().await.unwrap();
+    env.force_delete(name).await;
+    let nested = outer.scope(env.lock(name).acquire()).await;
+    assert!(
+        matches!(nested, Err(LockError::Lost { .. })),
+        "re-entered a hold the server no longer has: {nested:?}"
+    );
+    assert!(!outer.is_valid());
+    let other = env
+        .lock(name)
+        .acquire()
+        .await
+        .expect("the fresh grant was not given back");
+    other.release().await.unwrap();
+}
+
+/// A nested acquisition inside the scope of a hold whose lease already ran out must not hand out
+/// a guard (nor leave a fresh grant on the server): it reports the outer hold lost.
+async fn reentering_a_lost_hold_is_lost_and_leaves_no_grant(env: Env) {
+    let name = "reenter-lost";
+    let outer = env
+        .lock(name)
+        .ttl(Duration::from_millis(300))
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let nested = outer.scope(env.lock(name).acquire()).await;
+    assert!(
+        matches!(nested, Err(LockError::Lost { .. })),
+        "re-entered a lost hold: {nested:?}"
+    );
+    // Nothing holds the name now: a newcomer gets it at once.
+    let other = env
+        .lock(name)
+        .acquire()
+        .await
+        .expect("the name must be free");
+    assert!(other.fencing_token() > outer.fencing_token());
+    other.release().await.unwrap();
+    assert!(matches!(
+        outer.release().await,
+        Err(LockError::NotOwner { .. })
+    ));
+}
 
 /// 32 tasks on two clients of the store, ~2,000 acquisitions of one key, each doing a
 /// non-atomic read-yield-write on a shared counter. Exact count, never two inside, and the
