@@ -78,11 +78,16 @@ static PROCESS_ID: LazyLock<u128> = LazyLock::new(|| {
     ((a as u128) << 64) | h.finish() as u128
 });
 static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+static OWNER_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}:", *PROCESS_ID));
 
 /// A fresh owner id: 128 random bits for this process, then a counter.
 pub(crate) fn new_owner() -> Arc<str> {
+    use std::fmt::Write as _;
     let n = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
-    format!("{:032x}:{n}", *PROCESS_ID).into()
+    let mut s = String::with_capacity(OWNER_PREFIX.len() + 20);
+    s.push_str(&OWNER_PREFIX);
+    let _ = write!(s, "{n}");
+    s.into()
 }
 
 #[cfg(test)]

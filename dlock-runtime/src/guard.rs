@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Extended, Released};
 use crate::context::{self, Frame};
+use crate::watchdog::{self, Slot};
 use crate::{LockError, LostReason};
 
 /// The state of one hold, shared by its guard, its watchdog and nested (re-entrant) guards.
@@ -30,6 +31,8 @@ pub(crate) struct Hold {
     lost_reason: OnceLock<LostReason>,
     /// Stops the watchdog (release or drop of the outermost guard).
     stop: CancellationToken,
+    /// The hold's place in its runtime's watchdog, if it has one.
+    wd: Option<Slot>,
 }
 
 impl fmt::Debug for Hold {
@@ -47,18 +50,34 @@ impl Hold {
         backend_id(&self.backend)
     }
 
-    fn ttl(&self) -> Duration {
+    pub(crate) fn slot(&self) -> Option<&Slot> {
+        self.wd.as_ref()
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.stop.is_cancelled()
+    }
+
+    pub(crate) fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
+        self.stop.cancelled()
+    }
+
+    pub(crate) fn hold_until(&self) -> Option<Instant> {
+        self.hold_until
+    }
+
+    pub(crate) fn ttl(&self) -> Duration {
         Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed))
     }
 
-    fn deadline(&self) -> Instant {
+    pub(crate) fn deadline(&self) -> Instant {
         *self.deadline.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Records a confirmed acquire or renewal sent at `sent`. A renewal only moves the deadline
     /// forward (a late reply to an older renewal must not move it back); an explicit extend sets
     /// it, since a shorter lease on the server must shorten the local one too.
-    fn confirm(&self, sent: Instant, ttl: Duration, set: bool) {
+    pub(crate) fn confirm(&self, sent: Instant, ttl: Duration, set: bool) {
         let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
         let new = sent + ttl;
         if set || new > *d {
@@ -85,7 +104,7 @@ impl Hold {
     /// Why a lease whose deadline passed at `now` ended: the `max_hold` cap once it was reached
     /// (renewal stopped there), else the deadline. Shared by the watchdog, `lost()` and
     /// `lost_reason()`, so whichever notices first records the same reason.
-    fn expiry_reason(&self, now: Instant) -> LostReason {
+    pub(crate) fn expiry_reason(&self, now: Instant) -> LostReason {
         if self.hold_until.is_some_and(|h| h <= now) {
             LostReason::MaxHold
         } else {
@@ -183,10 +202,9 @@ impl LockGuard {
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: CancellationToken::new(),
+            wd: watchdog::slot(init.watchdog, init.sent + init.ttl / 3),
         });
-        if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(watchdog(hold.clone(), init.watchdog, init.max_hold));
-        }
+        watchdog::arm(&hold);
         LockGuard {
             hold,
             outer: true,
@@ -337,6 +355,7 @@ impl LockGuard {
         self.done = true;
         if self.outer {
             self.hold.stop.cancel();
+            watchdog::stop(&self.hold);
         }
         let keep = self
             .keep_until
@@ -371,6 +390,7 @@ impl Drop for LockGuard {
         }
         if self.outer {
             self.hold.stop.cancel();
+            watchdog::stop(&self.hold);
         }
         let hold = self.hold.clone();
         let outer = self.outer;
@@ -390,69 +410,6 @@ impl Drop for LockGuard {
                 key = %self.hold.name,
                 "dlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out"
             ),
-        }
-    }
-}
-
-/// Renews the lease every ttl/3 while the guard lives, and fires the lost signal at the local
-/// deadline. Transient errors are retried until the lease would have run out.
-async fn watchdog(hold: Arc<Hold>, renew: bool, max_hold: Option<Duration>) {
-    let hold_until = max_hold.and(hold.hold_until);
-    let mut renewing = renew;
-    let mut next_renew = hold.acquired_at + hold.ttl() / 3;
-    loop {
-        let deadline = hold.deadline();
-        let wake = if renewing {
-            next_renew.min(deadline)
-        } else {
-            deadline
-        };
-        tokio::select! {
-            biased;
-            _ = hold.stop.cancelled() => return,
-            _ = tokio::time::sleep_until(wake) => {}
-        }
-        let now = Instant::now();
-        if now >= hold.deadline() {
-            hold.mark_lost(hold.expiry_reason(now));
-            return;
-        }
-        if !renewing || now < next_renew {
-            continue;
-        }
-        if hold_until.is_some_and(|h| now >= h) {
-            tracing::info!(key = %hold.name, "dlock: max_hold reached; the watchdog stops renewing");
-            renewing = false;
-            continue;
-        }
-        let ttl = hold.ttl();
-        let sent = Instant::now();
-        let r = tokio::select! {
-            biased;
-            _ = hold.stop.cancelled() => return,
-            r = tokio::time::timeout_at(hold.deadline(), hold.backend.extend(&hold.name, &hold.owner, ttl)) => r,
-        };
-        match r {
-            Ok(Ok(Extended::Extended)) => {
-                hold.confirm(sent, ttl, false);
-                let rtt = sent.elapsed();
-                if rtt > ttl / 5 {
-                    tracing::warn!(key = %hold.name, rtt_ms = rtt.as_millis() as u64, "dlock: renewal confirmed with less than 20% of the lease left");
-                } else {
-                    tracing::trace!(key = %hold.name, rtt_us = rtt.as_micros() as u64, "dlock: renewed");
-                }
-                next_renew = sent + ttl / 3;
-            }
-            Ok(Ok(Extended::Lost)) => {
-                hold.mark_lost(LostReason::NotOwner);
-                return;
-            }
-            Ok(Err(e)) => {
-                tracing::debug!(key = %hold.name, error = %e, "dlock: renewal failed; retrying");
-                next_renew = Instant::now()
-                    + (ttl / 10).clamp(Duration::from_millis(10), Duration::from_millis(250));
-            }
-            Err(_elapsed) => {} // the deadline check at the top of the loop marks it lost
         }
     }
 }

@@ -26,6 +26,7 @@ mod policy;
 mod registry;
 mod scripts;
 mod wait;
+mod watchdog;
 
 #[doc(hidden)]
 pub mod private;
