@@ -2,10 +2,11 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -30,7 +31,7 @@ pub(crate) struct Hold {
     lost: CancellationToken,
     lost_reason: OnceLock<LostReason>,
     /// Stops the watchdog (release or drop of the outermost guard).
-    stop: CancellationToken,
+    stop: StopFlag,
     /// The hold's place in its runtime's watchdog, if it has one.
     wd: Option<Slot>,
 }
@@ -58,8 +59,8 @@ impl Hold {
         self.stop.is_cancelled()
     }
 
-    pub(crate) fn stopped(&self) -> tokio_util::sync::WaitForCancellationFuture<'_> {
-        self.stop.cancelled()
+    pub(crate) async fn stopped(&self) {
+        self.stop.cancelled().await
     }
 
     pub(crate) fn hold_until(&self) -> Option<Instant> {
@@ -125,6 +126,36 @@ impl Hold {
                 .get()
                 .copied()
                 .unwrap_or_else(|| self.expiry_reason(Instant::now())),
+        }
+    }
+}
+
+/// A one-way "stopped" flag that can be awaited; cheaper than a `CancellationToken` (no
+/// allocation), which matters because every hold has one.
+#[derive(Debug, Default)]
+struct StopFlag {
+    set: AtomicBool,
+    notify: Notify,
+}
+
+impl StopFlag {
+    fn cancel(&self) {
+        if !self.set.swap(true, Ordering::AcqRel) {
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn is_cancelled(&self) -> bool {
+        self.set.load(Ordering::Acquire)
+    }
+
+    async fn cancelled(&self) {
+        loop {
+            let notified = self.notify.notified();
+            if self.is_cancelled() {
+                return;
+            }
+            notified.await;
         }
     }
 }
@@ -201,7 +232,7 @@ impl LockGuard {
             deadline: Mutex::new(init.sent + init.ttl),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
-            stop: CancellationToken::new(),
+            stop: StopFlag::default(),
             wd: watchdog::slot(init.watchdog, init.sent + init.ttl / 3),
         });
         watchdog::arm(&hold);
@@ -361,19 +392,22 @@ impl LockGuard {
             .keep_until
             .map(|t| t.saturating_duration_since(Instant::now()))
             .filter(|d| !d.is_zero());
-        let started = Instant::now();
+        // Timings only when someone listens: a clock read is a measurable part of a pair.
+        let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let r = self
             .hold
             .backend
             .release(&self.hold.name, &self.hold.owner, keep, self.outer)
             .await;
-        tracing::debug!(
-            key = %self.hold.name,
-            token = self.hold.token,
-            held_ms = started.saturating_duration_since(self.hold.acquired_at).as_millis() as u64,
-            release_us = started.elapsed().as_micros() as u64,
-            "dlock: released"
-        );
+        if let Some(started) = started {
+            tracing::debug!(
+                key = %self.hold.name,
+                token = self.hold.token,
+                held_ms = started.saturating_duration_since(self.hold.acquired_at).as_millis() as u64,
+                release_us = started.elapsed().as_micros() as u64,
+                "dlock: released"
+            );
+        }
         match r? {
             Released::Freed | Released::Decremented(_) => Ok(()),
             Released::NotOwner => Err(LockError::NotOwner {

@@ -213,7 +213,11 @@ impl Lock {
         }
         loop {
             if try_now {
-                let sent = Instant::now();
+                let sent = if watch.is_none() && remaining.is_none() && last_err.is_none() {
+                    started // the first try: no clock read needed
+                } else {
+                    Instant::now()
+                };
                 let attempt = try_acquire_owned(
                     backend.clone(),
                     name.to_string(),
