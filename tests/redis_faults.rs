@@ -301,6 +301,34 @@ async fn token_after_restart_without_persistence_is_larger() {
     g.release().await.unwrap();
 }
 
+/// A fence value ahead of the server clock (a server whose clock stepped back, or tokens minted
+/// faster than one per µs) still yields strictly increasing tokens: `last + 1`, not TIME.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn token_follows_the_fence_when_it_is_ahead_of_the_server_clock() {
+    let env = Env::redis().await;
+    let keys = dlock::redis_keys("ahead");
+    let ahead: u64 = 9_000_000_000_000_000; // far beyond TIME in µs
+    let mut admin = env.server().admin_async().await;
+    let _: () = redis::cmd("SET")
+        .arg(&keys.fence)
+        .arg(ahead)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let g = env.lock("ahead").acquire().await.unwrap();
+    assert_eq!(g.fencing_token(), ahead + 1);
+    g.release().await.unwrap();
+    let g = env.lock("ahead").acquire().await.unwrap();
+    assert_eq!(g.fencing_token(), ahead + 2);
+    let fence: u64 = redis::cmd("GET")
+        .arg(&keys.fence)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(fence, ahead + 2);
+    g.release().await.unwrap();
+}
+
 /// C3: `CLIENT PAUSE 2500 ALL` with a 1 s ttl: the holder's guard becomes lost by its own
 /// deadline, without waiting for Redis; the waiter wins only after that.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
