@@ -30,6 +30,9 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     reconnect_retries: usize,
+    /// Extra trusted root certificate (PEM) for `rediss://`, instead of the system store.
+    #[cfg(feature = "tls")]
+    tls_root_cert: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisBackendBuilder {
@@ -39,7 +42,7 @@ impl fmt::Debug for RedisBackendBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("connection_timeout", &self.connection_timeout)
             .field("reconnect_retries", &self.reconnect_retries)
-            .finish()
+            .finish_non_exhaustive()
     }
 }
 
@@ -63,6 +66,32 @@ impl RedisBackendBuilder {
         self
     }
 
+    /// Trusts `pem` (one or more PEM certificates, e.g. a private CA) as the root for `rediss://`
+    /// connections instead of the system's trust store. Used by the data and pub/sub
+    /// connections alike; ignored for `redis://`.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
+        self.tls_root_cert = Some(pem);
+        self
+    }
+
+    /// Opens a redis-rs client for `info`, with the custom root certificate when one is set.
+    fn open_client(&self, info: redis::ConnectionInfo) -> redis::RedisResult<Client> {
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.tls_root_cert
+            && self.url.starts_with("rediss://")
+        {
+            return Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls: None,
+                    root_cert: Some(pem.clone()),
+                },
+            );
+        }
+        Client::open(info)
+    }
+
     /// Checks the URL and connects, so that a wrong address or password fails here.
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
         let backend = self.build()?;
@@ -74,12 +103,23 @@ impl RedisBackendBuilder {
     /// Checks the URL without connecting; connections are made on first use.
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let redacted = redact_url(&self.url);
-        let client = Client::open(self.url.as_str()).map_err(|e| {
-            LockError::Config(format!(
-                "invalid Redis URL {redacted}: {}",
-                e.detail().unwrap_or("cannot parse it")
-            ))
-        })?;
+        #[cfg(feature = "tls")]
+        if self.url.starts_with("rediss://")
+            && rustls::crypto::CryptoProvider::get_default().is_none()
+        {
+            // redis-rs builds its rustls config from the process-default provider and has none
+            // of its own; install ring's once. An application's own choice, made earlier, wins
+            // (install_default then fails and is ignored).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let client = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
+            .and_then(|info| self.open_client(info))
+            .map_err(|e| {
+                LockError::Config(format!(
+                    "invalid Redis URL {redacted}: {}",
+                    e.detail().unwrap_or("cannot parse it")
+                ))
+            })?;
         if self.url.starts_with("rediss://") && self.url.contains("#insecure") {
             tracing::warn!(
                 url = %redacted,
@@ -91,12 +131,14 @@ impl RedisBackendBuilder {
             .redis_settings()
             .clone()
             .set_protocol(ProtocolVersion::RESP3);
-        let pubsub_client = Client::open(info.set_redis_settings(resp3)).map_err(|e| {
-            LockError::Config(format!(
-                "invalid Redis URL {redacted}: {}",
-                e.detail().unwrap_or("cannot parse it")
-            ))
-        })?;
+        let pubsub_client = self
+            .open_client(info.set_redis_settings(resp3))
+            .map_err(|e| {
+                LockError::Config(format!(
+                    "invalid Redis URL {redacted}: {}",
+                    e.detail().unwrap_or("cannot parse it")
+                ))
+            })?;
         Ok(RedisBackend {
             inner: Arc::new(Inner {
                 client,
@@ -216,6 +258,8 @@ impl RedisBackend {
             response_timeout: Duration::from_secs(3),
             connection_timeout: Duration::from_secs(1),
             reconnect_retries: 2,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
         }
     }
 
