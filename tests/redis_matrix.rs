@@ -484,13 +484,11 @@ async fn c6_acquire_during_client_pause_is_ok_or_typed_and_leaves_nothing() {
 }
 
 /// C6, waiting variant (RELIABILITY.md: "a reentrant retry does not inflate the count"): a
-/// waiting acquire whose tries time out during the pause retries with the SAME owner id; the
-/// queued tries all run when the pause ends, the first grants and the others re-enter, so a
-/// fresh acquisition comes back with `hold_count() == 2..4` and the server hash says the same.
-/// The outermost release still deletes the hash (it releases every count), so no lock is left
-/// behind, but the count is inflated. Known runtime bug, reported; run with `--ignored`.
+/// waiting acquire whose tries time out during the pause retries; the queued tries all run when
+/// the pause ends. Each failed try is released under its own owner id and later tries use a new
+/// one, so the grant that comes back has `hold_count() == 1` and the server hash says the same.
+/// (Before the fix the retries reused the owner id and the count came back as 2 to 4.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known bug: retries of a waiting acquire after a response timeout reuse the owner id and inflate the hold count"]
 async fn c6_waiting_acquire_retries_do_not_inflate_the_hold_count() {
     let waits = [Duration::from_secs(2); 3];
     let (outcomes, inflated) = c6_rounds(&waits).await;

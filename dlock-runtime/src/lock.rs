@@ -194,7 +194,7 @@ impl Lock {
     async fn acquire_loop(
         &self,
         backend: &Arc<dyn Backend>,
-        owner: Arc<str>,
+        mut owner: Arc<str>,
         parent: Option<Arc<crate::guard::Hold>>,
         started: Instant,
     ) -> Result<LockGuard, LockError> {
@@ -288,6 +288,11 @@ impl Lock {
                         }
                         tracing::debug!(key = %self.name, error = %e, "dlock: acquire failed while waiting; retrying");
                         last_err = Some(e);
+                        if parent.is_none() {
+                            // The failed try was cleaned up under its owner id; later tries use
+                            // a new one, so a try that still runs late cannot be counted twice.
+                            owner = context::new_owner();
+                        }
                     }
                 }
             }
@@ -373,7 +378,12 @@ fn try_acquire_owned(
     };
     async move {
         let r = backend.try_acquire(&done.name, &done.owner, ttl).await;
-        done.disarm();
+        // An error (a response timeout, a dropped connection) leaves the outcome unknown: the
+        // try may still run on the server. Stay armed, so the drop sends an owner-checked
+        // release after it on the same connection, and a late grant is deleted.
+        if r.is_ok() {
+            done.disarm();
+        }
         r
     }
 }
