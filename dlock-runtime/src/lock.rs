@@ -218,13 +218,8 @@ impl Lock {
                 } else {
                     Instant::now()
                 };
-                let attempt = try_acquire_owned(
-                    backend.clone(),
-                    name.to_string(),
-                    owner.clone(),
-                    self.ttl,
-                    parent.is_none(),
-                );
+                let attempt =
+                    try_acquire_guarded(backend, name, &owner, self.ttl, parent.is_none());
                 let outcome = match deadline.filter(|_| !self.wait.is_zero()) {
                     Some(d) => match tokio::time::timeout_at(d, attempt).await {
                         Ok(r) => r,
@@ -359,25 +354,25 @@ impl Lock {
     }
 }
 
-/// One try, as a future that owns its inputs: when the caller stops waiting for it (a wait
-/// deadline, a dropped acquire future), the reply is still read and a grant that arrives late
-/// is given back.
-fn try_acquire_owned(
-    backend: Arc<dyn Backend>,
-    name: String,
-    owner: Arc<str>,
+/// One try, with a drop guard: when the caller stops waiting for it (a wait deadline, a
+/// dropped acquire future) or it fails with an error, a grant that may still arrive late is
+/// given back.
+fn try_acquire_guarded<'a>(
+    backend: &'a Arc<dyn Backend>,
+    name: &'a str,
+    owner: &'a Arc<str>,
     ttl: Duration,
     fresh_owner: bool,
-) -> impl std::future::Future<Output = Result<Acquired, LockError>> + Send + 'static {
+) -> impl std::future::Future<Output = Result<Acquired, LockError>> + Send + 'a {
     // A re-entry needs no clean-up: an extra count it may leave is cleared by the outermost
     // release, which deletes the lock whatever the count.
     let mut done = InFlight {
-        backend: fresh_owner.then_some(backend.clone()),
+        backend: fresh_owner.then_some(backend),
         name,
         owner,
     };
     async move {
-        let r = backend.try_acquire(&done.name, &done.owner, ttl).await;
+        let r = backend.try_acquire(name, owner, ttl).await;
         // An error (a response timeout, a dropped connection) leaves the outcome unknown: the
         // try may still run on the server. Stay armed, so the drop sends an owner-checked
         // release after it on the same connection, and a late grant is deleted.
@@ -391,20 +386,20 @@ fn try_acquire_owned(
 /// Drop guard for an acquire whose reply was not read. The owner id is fresh and used by this
 /// acquisition only, so releasing it is right whether or not the try reached the server: a grant
 /// is deleted, anything else answers `NotOwner`. A cancelled acquire thus leaves no lock behind.
-struct InFlight {
-    backend: Option<Arc<dyn Backend>>,
-    name: String,
-    owner: Arc<str>,
+struct InFlight<'a> {
+    backend: Option<&'a Arc<dyn Backend>>,
+    name: &'a str,
+    owner: &'a Arc<str>,
 }
 
-impl InFlight {
+impl InFlight<'_> {
     /// The reply was read: nothing to clean up.
     fn disarm(&mut self) {
         self.backend = None;
     }
 }
 
-impl Drop for InFlight {
+impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         let Some(backend) = self.backend.take() else {
             return;
@@ -412,7 +407,8 @@ impl Drop for InFlight {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let name = std::mem::take(&mut self.name);
+        let backend = backend.clone();
+        let name = self.name.to_string();
         let owner = self.owner.clone();
         rt.spawn(async move {
             match backend.release(&name, &owner, None, true).await {

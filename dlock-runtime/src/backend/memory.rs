@@ -70,22 +70,30 @@ impl MemoryBackend {
     fn try_acquire_now(&self, name: &str, owner: &str, ttl: Duration) -> Acquired {
         let now = Instant::now();
         let mut map = self.lock();
-        if let Some(e) = map.get_mut(name)
-            && e.expires > now
-        {
-            if e.owner == owner {
-                e.count = e.count.saturating_add(1);
-                e.expires = e.expires.max(now + ttl);
-                return Acquired::Granted {
-                    token: e.token,
-                    count: e.count,
+        if let Some(e) = map.get_mut(name) {
+            if e.expires > now {
+                if e.owner == owner {
+                    e.count = e.count.saturating_add(1);
+                    e.expires = e.expires.max(now + ttl);
+                    return Acquired::Granted {
+                        token: e.token,
+                        count: e.count,
+                    };
+                }
+                return Acquired::Busy {
+                    remaining: Some(e.expires - now),
                 };
             }
-            return Acquired::Busy {
-                remaining: Some(e.expires - now),
-            };
+            // A free or expired entry: reuse its allocations.
+            let token = self.next_token.fetch_add(1, Ordering::Relaxed) + 1;
+            e.owner.clear();
+            e.owner.push_str(owner);
+            e.count = 1;
+            e.token = token;
+            e.expires = now + ttl;
+            return Acquired::Granted { token, count: 1 };
         }
-        // Sweep expired entries now and then so abandoned names do not accumulate.
+        // Sweep free and expired entries now and then so abandoned names do not accumulate.
         if map.len() >= 1024 && map.len().is_power_of_two() {
             map.retain(|_, e| e.expires > now);
         }
@@ -127,7 +135,8 @@ impl MemoryBackend {
                 Released::Freed
             }
             _ => {
-                map.remove(name);
+                // Free: kept as an expired entry so the next acquisition reuses it.
+                e.expires = now;
                 drop(map);
                 self.waiters.wake_one(name);
                 Released::Freed
@@ -150,7 +159,8 @@ impl MemoryBackend {
     /// Deletes a lock whatever its owner, as an operator's `DEL` would (for tests of the
     /// lost-lease signal).
     pub fn force_delete(&self, name: &str) -> bool {
-        let removed = self.lock().remove(name).is_some();
+        let now = Instant::now();
+        let removed = self.lock().remove(name).is_some_and(|e| e.expires > now);
         if removed {
             self.waiters.wake_one(name);
         }
@@ -197,5 +207,51 @@ impl Backend for MemoryBackend {
 
     fn has_waiters(&self, name: &str) -> bool {
         self.waiters.has_waiters(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn freed_names_do_not_accumulate() {
+        let b = MemoryBackend::new();
+        let ttl = Duration::from_secs(30);
+        for i in 0..10_000 {
+            let name = format!("n{i}");
+            assert!(matches!(
+                b.try_acquire_now(&name, "o", ttl),
+                Acquired::Granted { count: 1, .. }
+            ));
+            assert_eq!(b.release_now(&name, "o", None, true), Released::Freed);
+        }
+        assert_eq!(b.locked_count(), 0);
+        assert!(b.lock().len() <= 2048, "{} entries kept", b.lock().len());
+    }
+
+    #[test]
+    fn a_freed_entry_is_reused_with_a_new_owner_and_a_larger_token() {
+        let b = MemoryBackend::new();
+        let ttl = Duration::from_secs(30);
+        let Acquired::Granted { token: t1, .. } = b.try_acquire_now("k", "a", ttl) else {
+            panic!("not granted")
+        };
+        assert_eq!(b.release_now("k", "a", None, true), Released::Freed);
+        let Acquired::Granted { token: t2, .. } = b.try_acquire_now("k", "b", ttl) else {
+            panic!("not granted")
+        };
+        assert!(t2 > t1);
+        // The old owner cannot touch the new hold.
+        assert_eq!(b.release_now("k", "a", None, true), Released::NotOwner);
+        assert_eq!(b.extend_now("k", "a", ttl), Extended::Lost);
+        assert!(matches!(
+            b.try_acquire_now("k", "c", ttl),
+            Acquired::Busy { .. }
+        ));
+        assert!(b.force_delete("k"));
+        assert!(!b.force_delete("k"));
     }
 }
