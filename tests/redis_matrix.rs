@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{RedisProc, Rng, TempDir, child_mode, child_say, spawn_self};
+use common::{RedisProc, Rng, TempDir, child_say, run_child, spawn_self};
 use dlock::{
     Acquired, Backend, BoxFuture, Extended, Lock, LockError, LostReason, RedisBackend, Released,
     Watch,
@@ -131,19 +131,11 @@ fn capture() -> (Events, tracing::subscriber::DefaultGuard) {
 // Child processes
 // ---------------------------------------------------------------------------------------------
 
-/// Not a test of its own: the entry point of child processes started by the tests below. In a
-/// normal run (no child mode set) it returns at once.
+/// Not a test of its own: the entry point of child processes started by the tests below.
 #[test]
+#[ignore = "child-process entry point; the B3 test runs it in its child"]
 fn child_process_entry() {
-    let Some(mode) = child_mode() else { return };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async move {
-        let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
-        let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&url).await.unwrap());
+    run_child(|mode, backend| async move {
         match mode.as_str() {
             "hold-until-file" => child_hold_until_file(backend).await,
             other => panic!("unknown child mode {other}"),

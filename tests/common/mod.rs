@@ -576,16 +576,43 @@ pub struct ChildProc {
     lines: mpsc::Receiver<String>,
 }
 
-/// Re-executes this test binary to run only `entry_test` (a `#[test]` that does nothing unless
-/// [`child_mode`] is set), with `mode` and extra environment variables.
+/// The body of a child-process entry point: on a two-worker runtime, connects a Redis backend
+/// to `DLOCK_URL` and runs `run(mode, backend)`. The entry point is an `#[ignore]`d `#[test]`
+/// (so a normal run reports it as ignored, not as a passing test) that [`spawn_self`] runs.
+pub fn run_child<F, Fut>(run: F)
+where
+    F: FnOnce(String, std::sync::Arc<dyn dlock::Backend>) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    let mode = child_mode().expect("a child entry point runs only in a child process");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let url = std::env::var("DLOCK_URL").expect("DLOCK_URL");
+        let backend = dlock::RedisBackend::connect(&url).await.unwrap();
+        run(mode, std::sync::Arc::new(backend)).await
+    });
+}
+
+/// Re-executes this test binary to run only `entry_test` (an `#[ignore]`d `#[test]` calling
+/// [`run_child`]), with `mode` and extra environment variables.
 pub fn spawn_self(entry_test: &str, mode: &str, envs: &[(&str, String)]) -> ChildProc {
     let exe = std::env::current_exe().expect("current_exe");
     let mut cmd = Command::new(exe);
-    cmd.args([entry_test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, mode)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit());
+    cmd.args([
+        entry_test,
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, mode)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
     for (k, v) in envs {
         cmd.env(k, v);
     }
