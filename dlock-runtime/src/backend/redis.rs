@@ -361,27 +361,45 @@ impl RedisBackend {
         let queues_for_task = Arc::downgrade(&queues);
         handle.spawn(async move {
             let mut subscribed: HashSet<String> = HashSet::new();
-            while let Some(msg) = rx.recv().await {
-                match msg {
-                    Ctl::Subscribe(ch, ack) => {
-                        if subscribed.contains(&ch) {
-                            let _ = ack.send(Ok(()));
-                            continue;
+            let mut batch = Vec::new();
+            // Requests that queued up while a command was in flight are handled together: one
+            // SUBSCRIBE for every new channel, then one UNSUBSCRIBE for every idle one. Handling
+            // subscriptions first keeps "subscribed before the retry" for every requester, and an
+            // unsubscribe is only sent for a channel nobody waits on at that moment.
+            while rx.recv_many(&mut batch, 256).await > 0 {
+                let mut acks = Vec::new();
+                let mut new_channels: Vec<String> = Vec::new();
+                let mut idle = Vec::new();
+                for msg in batch.drain(..) {
+                    match msg {
+                        Ctl::Subscribe(ch, ack) => {
+                            if !subscribed.contains(&ch) && !new_channels.contains(&ch) {
+                                new_channels.push(ch);
+                            }
+                            acks.push(ack);
                         }
-                        let r = pubsub.subscribe(&ch).await;
-                        if r.is_ok() {
-                            subscribed.insert(ch);
-                        }
-                        let _ = ack.send(r);
+                        Ctl::Unsubscribe(ch) => idle.push(ch),
                     }
-                    Ctl::Unsubscribe(ch) => {
-                        let idle = queues_for_task
-                            .upgrade()
-                            .is_none_or(|q| !q.has_waiters(&ch));
-                        if idle && subscribed.remove(&ch) {
-                            let _ = pubsub.unsubscribe(&ch).await;
-                        }
-                    }
+                }
+                let r = if new_channels.is_empty() {
+                    Ok(())
+                } else {
+                    pubsub.subscribe(&new_channels).await
+                };
+                if r.is_ok() {
+                    subscribed.extend(new_channels);
+                }
+                for ack in acks {
+                    let _ = ack.send(r.clone());
+                }
+                let queues = queues_for_task.upgrade();
+                let idle: Vec<String> = idle
+                    .into_iter()
+                    .filter(|ch| queues.as_ref().is_none_or(|q| !q.has_waiters(ch)))
+                    .filter(|ch| subscribed.remove(ch))
+                    .collect();
+                if !idle.is_empty() {
+                    let _ = pubsub.unsubscribe(&idle).await;
                 }
             }
         });
