@@ -45,3 +45,4 @@ pub use policy::{
 };
 pub use registry::{DEFAULT_BACKEND, backend, init, init_named, register, register_arc};
 pub use tokio_util::sync::CancellationToken;
+pub use wait::WaitQueues;

@@ -38,8 +38,14 @@ struct Queue {
 /// Called when a queue becomes empty (the Redis backend unsubscribes then).
 pub(crate) type OnEmpty = Box<dyn Fn(&str) + Send + Sync>;
 
-/// All wait queues of one backend (per runtime, for Redis).
-pub(crate) struct WaitQueues {
+/// The wait queues of one backend: a FIFO per lock name; a release wakes one waiter.
+///
+/// A backend built outside this crate uses it to implement [`crate::Backend::watch`] (return
+/// [`WaitQueues::register`]) and [`crate::Backend::has_waiters`], and calls
+/// [`WaitQueues::wake_one`] when a lock is freed (or [`WaitQueues::wake_all`] when releases may
+/// have been missed). Waiters also retry when the holder's lease ends, so a backend that cannot
+/// observe releases stays correct, only slower.
+pub struct WaitQueues {
     queues: Mutex<HashMap<String, Queue>>,
     next_id: AtomicU64,
     on_empty: Option<OnEmpty>,
@@ -54,7 +60,13 @@ impl fmt::Debug for WaitQueues {
 }
 
 impl WaitQueues {
-    pub(crate) fn new(on_empty: Option<OnEmpty>) -> Arc<Self> {
+    /// Empty queues.
+    pub fn new() -> Arc<Self> {
+        Self::with_on_empty(None)
+    }
+
+    /// Empty queues that call `on_empty(key)` when a name's last waiter leaves.
+    pub(crate) fn with_on_empty(on_empty: Option<OnEmpty>) -> Arc<Self> {
         Arc::new(WaitQueues {
             queues: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
@@ -68,46 +80,38 @@ impl WaitQueues {
         self.queues.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Adds a waiter at the back of `key`'s queue. Returns the watch and whether the queue was
-    /// empty before (the caller then subscribes).
-    pub(crate) fn register(self: &Arc<Self>, key: &str) -> (Watch, bool) {
+    /// Adds a waiter at the back of `key`'s queue.
+    pub fn register(self: &Arc<Self>, key: &str) -> Watch {
         let slot = Arc::new(Slot {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             woken: AtomicBool::new(false),
             notify: Notify::new(),
         });
         let mut map = self.lock();
-        let first = match map.get_mut(key) {
-            Some(q) => {
-                q.slots.push_back(slot.clone());
-                false
-            }
+        match map.get_mut(key) {
+            Some(q) => q.slots.push_back(slot.clone()),
             None => {
                 let mut q = Queue::default();
                 q.slots.push_back(slot.clone());
                 map.insert(key.to_string(), q);
-                true
             }
-        };
+        }
         drop(map);
-        (
-            Watch {
-                queues: Arc::downgrade(self),
-                key: key.to_string(),
-                slot,
-                fallback_only: false,
-            },
-            first,
-        )
+        Watch {
+            queues: Arc::downgrade(self),
+            key: key.to_string(),
+            slot,
+            fallback_only: false,
+        }
     }
 
     /// True when `key` has waiters.
-    pub(crate) fn has_waiters(&self, key: &str) -> bool {
+    pub fn has_waiters(&self, key: &str) -> bool {
         self.lock().contains_key(key)
     }
 
     /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.
-    pub(crate) fn wake_one(&self, key: &str) -> bool {
+    pub fn wake_one(&self, key: &str) -> bool {
         let map = self.lock();
         if let Some(q) = map.get(key)
             && let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire))
@@ -119,7 +123,7 @@ impl WaitQueues {
     }
 
     /// Wakes every waiter (after a lost pub/sub connection: releases may have been missed).
-    pub(crate) fn wake_all(&self) {
+    pub fn wake_all(&self) {
         for q in self.lock().values() {
             for s in &q.slots {
                 s.wake();
@@ -128,7 +132,7 @@ impl WaitQueues {
     }
 
     /// Number of waiters over all names (for tests and metrics).
-    pub(crate) fn waiter_count(&self) -> usize {
+    pub fn waiter_count(&self) -> usize {
         self.lock().values().map(|q| q.slots.len()).sum()
     }
 
@@ -140,13 +144,6 @@ impl WaitQueues {
 
     fn lease_end(&self, key: &str) -> Option<Instant> {
         self.lock().get(key).and_then(|q| q.lease_end)
-    }
-
-    fn is_head(&self, key: &str, id: u64) -> bool {
-        self.lock()
-            .get(key)
-            .and_then(|q| q.slots.front())
-            .is_some_and(|s| s.id == id)
     }
 
     fn remove(&self, key: &str, slot: &Slot) {
@@ -213,18 +210,6 @@ impl Watch {
             }
             notified.await;
         }
-    }
-
-    /// Consumes a pending wake-up without waiting. Returns whether there was one.
-    pub fn take_wake(&self) -> bool {
-        self.slot.woken.swap(false, Ordering::AcqRel)
-    }
-
-    /// True when this waiter is first in its queue.
-    pub fn is_head(&self) -> bool {
-        self.queues
-            .upgrade()
-            .is_some_and(|q| q.is_head(&self.key, self.slot.id))
     }
 
     /// Records when the holder's lease ends, as a failed try reported it, for waiters that

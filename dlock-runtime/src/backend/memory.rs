@@ -48,7 +48,7 @@ impl MemoryBackend {
         MemoryBackend {
             locks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(seed),
-            waiters: WaitQueues::new(None),
+            waiters: WaitQueues::new(),
         }
     }
 
@@ -201,7 +201,7 @@ impl Backend for MemoryBackend {
     }
 
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        let (w, _) = self.waiters.register(name);
+        let w = self.waiters.register(name);
         Box::pin(async move { Ok(w) })
     }
 

@@ -327,7 +327,7 @@ impl RedisBackend {
     ) -> Result<Arc<Subscriber>, LockError> {
         let (ctl, mut rx) = mpsc::unbounded_channel::<Ctl>();
         let ctl_for_empty = ctl.clone();
-        let queues = WaitQueues::new(Some(Box::new(move |channel: &str| {
+        let queues = WaitQueues::with_on_empty(Some(Box::new(move |channel: &str| {
             let _ = ctl_for_empty.send(Ctl::Unsubscribe(channel.to_string()));
         })));
         let weak: Weak<WaitQueues> = Arc::downgrade(&queues);
@@ -540,7 +540,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let (_, sub) = self.conn(name)?;
             let channel = redis_keys(name).channel;
-            let (mut watch, first) = sub.queues.register(&channel);
+            let mut watch = sub.queues.register(&channel);
             if self.inner.pubsub_refused.load(Ordering::Relaxed) {
                 watch.set_fallback_only();
                 return Ok(watch);
@@ -548,7 +548,6 @@ impl Backend for RedisBackend {
             // Every registration asks the subscriber task, which answers at once when the channel
             // is already subscribed; this keeps "subscribed before we retry" true even while a
             // first waiter's SUBSCRIBE is still in flight.
-            let _ = first;
             let (tx, rx) = oneshot::channel();
             if sub.ctl.send(Ctl::Subscribe(channel, tx)).is_err() {
                 watch.set_fallback_only();
