@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tracing::Instrument;
 
-use crate::backend::{Acquired, Backend, Released, Watch};
+use crate::backend::{Acquired, Backend, Watch};
 use crate::context;
 use crate::guard::{GuardInit, LockGuard, backend_id};
 use crate::{LockError, key, registry};
@@ -243,6 +243,28 @@ impl Lock {
                             let _ = backend.release(name, &owner, None, true).await;
                             return Err(p.lost_error());
                         }
+                        if parent.is_none() && Instant::now() >= sent + self.ttl {
+                            // The reply arrived after the lease it grants had run out (this
+                            // process was paused or starved): another owner may hold the lock
+                            // by now, and a guard would be born lost. Give the grant back
+                            // (owner-checked) and go on as if it had not happened.
+                            tracing::warn!(
+                                key = %self.name,
+                                late_ms = sent.elapsed().saturating_sub(self.ttl).as_millis() as u64,
+                                "dlock: a grant arrived after its lease had run out; given back"
+                            );
+                            spawn_release(backend, name, &owner);
+                            owner = context::new_owner();
+                            if self.wait.is_zero() {
+                                return Err(LockError::TimedOut {
+                                    key: self.name.clone(),
+                                    waited: started.elapsed(),
+                                    retry_after: None,
+                                });
+                            }
+                            try_now = true;
+                            continue;
+                        }
                         if let Some(w) = &watch {
                             w.note_remaining(self.ttl);
                         }
@@ -401,20 +423,24 @@ impl InFlight<'_> {
 
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
-        let Some(backend) = self.backend.take() else {
-            return;
-        };
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let backend = backend.clone();
-        let name = self.name.to_string();
-        let owner = self.owner.clone();
-        rt.spawn(async move {
-            match backend.release(&name, &owner, None, true).await {
-                Ok(Released::NotOwner) | Ok(_) => {}
-                Err(e) => tracing::debug!(key = %name, error = %e, "dlock: cleanup after a cancelled acquire failed; the lease runs out by itself"),
-            }
-        });
+        if let Some(backend) = self.backend.take() {
+            spawn_release(backend, self.name, self.owner);
+        }
     }
+}
+
+/// Gives back every hold of `owner` on `name` in the background (owner-checked: a lock that
+/// another owner holds by now is left alone). Without a runtime the lease runs out by itself.
+fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let backend = backend.clone();
+    let name = name.to_string();
+    let owner = owner.clone();
+    rt.spawn(async move {
+        if let Err(e) = backend.release(&name, &owner, None, true).await {
+            tracing::debug!(key = %name, error = %e, "dlock: giving back an unused grant failed; its lease runs out by itself");
+        }
+    });
 }
