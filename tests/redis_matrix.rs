@@ -24,12 +24,11 @@
 mod common;
 
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{RedisProc, Rng, TempDir, child_say, run_child, spawn_self};
+use common::{RedisProc, Rng, TempDir, capture, child_say, run_child, spawn_self};
 use dlock::{
     Acquired, Backend, BoxFuture, Extended, Lock, LockError, LostReason, RedisBackend, Released,
     Watch,
@@ -80,52 +79,6 @@ fn script_calls(server: &RedisProc) -> u64 {
 // ---------------------------------------------------------------------------------------------
 // Tracing capture
 // ---------------------------------------------------------------------------------------------
-
-/// Every event seen by the subscriber: (level, target, message and fields).
-#[derive(Clone, Default)]
-struct Events(Arc<Mutex<Vec<(tracing::Level, String, String)>>>);
-
-impl Events {
-    fn warns_containing(&self, needle: &str) -> Vec<String> {
-        self.0
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|(l, _, m)| *l == tracing::Level::WARN && m.contains(needle))
-            .map(|(_, t, m)| format!("{t}: {m}"))
-            .collect()
-    }
-}
-
-impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
-    fn on_event(
-        &self,
-        event: &tracing::Event<'_>,
-        _ctx: tracing_subscriber::layer::Context<'_, S>,
-    ) {
-        struct V(String);
-        impl tracing::field::Visit for V {
-            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
-                let _ = write!(self.0, "{}={:?} ", f.name(), v);
-            }
-        }
-        let mut v = V(String::new());
-        event.record(&mut v);
-        self.0.lock().unwrap().push((
-            *event.metadata().level(),
-            event.metadata().target().to_string(),
-            v.0,
-        ));
-    }
-}
-
-fn capture() -> (Events, tracing::subscriber::DefaultGuard) {
-    use tracing_subscriber::layer::SubscriberExt;
-    let events = Events::default();
-    let sub = tracing_subscriber::registry().with(events.clone());
-    let guard = tracing::subscriber::set_default(sub);
-    (events, guard)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Child processes

@@ -328,6 +328,12 @@ impl Lock {
                     },
                     None => fut.await?,
                 };
+                tracing::debug!(
+                    key = %self.name,
+                    retry_after_ms = remaining.map(|r| r.as_millis() as u64),
+                    wait_ms = self.wait.as_millis() as u64,
+                    "dlock: waiting for a release"
+                );
                 watch = Some(w);
                 try_now = true;
                 continue;

@@ -8,6 +8,7 @@
 //! message (`scripts/test` installs it); nothing is skipped silently.
 #![allow(dead_code, unreachable_pub)]
 
+use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
@@ -687,4 +688,59 @@ pub fn child_say(msg: impl std::fmt::Display) {
     let mut out = io::stdout().lock();
     let _ = writeln!(out, "{CHILD_LINE} {msg}");
     let _ = out.flush();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tracing capture (for the current thread: run the code under test on a current_thread runtime)
+// ---------------------------------------------------------------------------------------------
+
+/// Every event seen by the subscriber: (level, target, message and fields).
+#[derive(Clone, Default)]
+pub struct Events(Arc<Mutex<Vec<(tracing::Level, String, String)>>>);
+
+impl Events {
+    /// Every captured event at `level` whose message or fields contain `needle`.
+    pub fn at_level_containing(&self, level: tracing::Level, needle: &str) -> Vec<String> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(l, _, m)| *l == level && m.contains(needle))
+            .map(|(_, t, m)| format!("{t}: {m}"))
+            .collect()
+    }
+
+    pub fn warns_containing(&self, needle: &str) -> Vec<String> {
+        self.at_level_containing(tracing::Level::WARN, needle)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Events {
+    fn on_event(
+        &self,
+        event: &tracing::Event<'_>,
+        _ctx: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        struct V(String);
+        impl tracing::field::Visit for V {
+            fn record_debug(&mut self, f: &tracing::field::Field, v: &dyn std::fmt::Debug) {
+                let _ = write!(self.0, "{}={:?} ", f.name(), v);
+            }
+        }
+        let mut v = V(String::new());
+        event.record(&mut v);
+        self.0.lock().unwrap().push((
+            *event.metadata().level(),
+            event.metadata().target().to_string(),
+            v.0,
+        ));
+    }
+}
+
+pub fn capture() -> (Events, tracing::subscriber::DefaultGuard) {
+    use tracing_subscriber::layer::SubscriberExt;
+    let events = Events::default();
+    let sub = tracing_subscriber::registry().with(events.clone());
+    let guard = tracing::subscriber::set_default(sub);
+    (events, guard)
 }
