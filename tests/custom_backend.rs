@@ -172,6 +172,7 @@ struct LateReplies {
     inner: dlock::MemoryBackend,
     late: AtomicUsize,
     delay: Duration,
+    tries: AtomicUsize,
 }
 
 impl Backend for LateReplies {
@@ -182,6 +183,7 @@ impl Backend for LateReplies {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
+            self.tries.fetch_add(1, Ordering::SeqCst);
             let r = self.inner.try_acquire(name, owner, ttl).await;
             let late = self
                 .late
@@ -228,25 +230,33 @@ async fn a_grant_that_arrives_after_its_lease_is_given_back() {
         inner: dlock::MemoryBackend::new(),
         late: AtomicUsize::new(1),
         delay: Duration::from_millis(300),
+        tries: AtomicUsize::new(0),
     });
     let lock = dlock::Lock::new("late").ttl(ttl).with_backend(b.clone());
     let e = lock.acquire().await.unwrap_err();
     assert!(matches!(e, LockError::TimedOut { .. }), "{e:?}");
 
     // With a wait, the late grant is dropped and a fresh try succeeds with a valid guard.
-    let b2: Arc<dyn Backend> = Arc::new(LateReplies {
+    let late2 = Arc::new(LateReplies {
         inner: dlock::MemoryBackend::new(),
         late: AtomicUsize::new(1),
         delay: Duration::from_millis(300),
+        tries: AtomicUsize::new(0),
     });
     let g = dlock::Lock::new("late")
         .ttl(ttl)
         .wait(Duration::from_secs(2))
-        .with_backend(b2)
+        .with_backend(late2.clone())
         .acquire()
         .await
         .unwrap();
     assert!(g.is_valid(), "a guard was handed out already lost");
+    // Only the late grant is given back: the next try's lease counts from its own send time.
+    assert_eq!(
+        late2.tries.load(Ordering::SeqCst),
+        2,
+        "a fresh grant was judged late too"
+    );
     g.release().await.unwrap();
 
     // The first backend's late grant was given back (not left to expire with a stale owner):

@@ -203,6 +203,9 @@ impl Lock {
         let mut watch: Option<Watch> = None;
         let mut remaining: Option<Duration> = None;
         let mut last_err: Option<LockError> = None;
+        // The first try reuses the start instant (no clock read on the uncontended path); every
+        // later try reads the clock, since its lease counts from its own send time.
+        let mut first_try = true;
         // Queue behind local waiters instead of barging in, unless this is a re-entry, a
         // single try, or nobody knows when the current lease ends.
         let mut try_now = self.wait.is_zero() || parent.is_some() || !backend.has_waiters(name);
@@ -213,8 +216,8 @@ impl Lock {
         }
         loop {
             if try_now {
-                let sent = if watch.is_none() && remaining.is_none() && last_err.is_none() {
-                    started // the first try: no clock read needed
+                let sent = if std::mem::take(&mut first_try) {
+                    started
                 } else {
                     Instant::now()
                 };
