@@ -379,19 +379,24 @@ impl LockGuard {
         context::scope(Frame::new(self.hold.clone()), fut).await
     }
 
-    /// Gives the lock back and waits for the backend to confirm. With `hold_at_least`, a release
-    /// before that time keeps the lock taken until then. Gives [`LockError::NotOwner`] when the
-    /// lease had already ended and someone else may hold the lock; nothing is deleted then.
-    pub async fn release(mut self) -> Result<(), LockError> {
+    /// Marks the guard given back and stops its watchdog (outermost guard only); returns how long
+    /// `hold_at_least` still keeps the lock taken. Shared by `release` and `Drop`.
+    fn finish(&mut self) -> Option<Duration> {
         self.done = true;
         if self.outer {
             self.hold.stop.cancel();
             watchdog::stop(&self.hold);
         }
-        let keep = self
-            .keep_until
+        self.keep_until
             .map(|t| t.saturating_duration_since(Instant::now()))
-            .filter(|d| !d.is_zero());
+            .filter(|d| !d.is_zero())
+    }
+
+    /// Gives the lock back and waits for the backend to confirm. With `hold_at_least`, a release
+    /// before that time keeps the lock taken until then. Gives [`LockError::NotOwner`] when the
+    /// lease had already ended and someone else may hold the lock; nothing is deleted then.
+    pub async fn release(mut self) -> Result<(), LockError> {
+        let keep = self.finish();
         // Timings only when someone listens: a clock read is a measurable part of a pair.
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let r = self
@@ -422,16 +427,9 @@ impl Drop for LockGuard {
         if self.done {
             return;
         }
-        if self.outer {
-            self.hold.stop.cancel();
-            watchdog::stop(&self.hold);
-        }
+        let keep = self.finish();
         let hold = self.hold.clone();
         let outer = self.outer;
-        let keep = self
-            .keep_until
-            .map(|t| t.saturating_duration_since(Instant::now()))
-            .filter(|d| !d.is_zero());
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 rt.spawn(async move {
