@@ -179,15 +179,11 @@ pub async fn run_locked<F: Future>(
             }
         }
     };
-    let key_for_log = if out.is_ok() {
-        Some(guard.key().to_string())
-    } else {
-        None
-    };
+    // Every release error names its lock, so the key need not be copied on the hot path.
     if let Err(e) = guard.release().await
-        && let Some(key) = key_for_log
+        && out.is_ok()
     {
-        tracing::warn!(function = spec.fn_name, key = %key, error = %e, "dlock: release after the body failed");
+        tracing::warn!(function = spec.fn_name, key = e.key().unwrap_or_default(), error = %e, "dlock: release after the body failed");
     }
     out
 }
