@@ -1,11 +1,12 @@
 //! An axum 0.8 app whose handler locks per order with `#[distributed_lock]`: a second request
 //! for an order that is being processed answers `409 Conflict` with `Retry-After` (the
-//! holder's remaining lease, in whole seconds).
+//! holder's remaining lease, in whole seconds). The handler returns `dlock::LockError` itself:
+//! with the `axum` feature it is an axum response (see `dlock::web`).
 //!
 //! ```text
-//! cargo run --example axum_handler            # self-demo: one 200, one 409, then exits
-//! cargo run --example axum_handler -- serve   # serve on 127.0.0.1:3000 until Ctrl-C
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --example axum_handler
+//! cargo run --features axum --example axum_handler            # self-demo: 200, 409, then exits
+//! cargo run --features axum --example axum_handler -- serve   # serve on 127.0.0.1:3000
+//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_handler
 //! ```
 //!
 //! With nothing configured the locks live in this process (the in-memory backend); with
@@ -16,61 +17,15 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::Path;
-use axum::http::{StatusCode, header};
-use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use dlock::{LockError, distributed_lock};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-/// The handler's error: a busy order, or anything else the lock reported.
-#[derive(Debug)]
-pub enum ApiError {
-    /// Another request holds this order's lock.
-    Busy {
-        /// When the holder's lease ends, as the backend reported it.
-        retry_after: Option<Duration>,
-    },
-    /// The lock could not be used (backend down, lease lost, ...).
-    Lock(LockError),
-}
-
-impl From<LockError> for ApiError {
-    fn from(e: LockError) -> Self {
-        if e.is_contended() {
-            ApiError::Busy {
-                retry_after: e.retry_after(),
-            }
-        } else {
-            ApiError::Lock(e)
-        }
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        match self {
-            ApiError::Busy { retry_after } => {
-                // Whole seconds, rounded up, at least 1 (RFC 9110 delay-seconds).
-                let secs = retry_after.map_or(1, |d| d.as_millis().div_ceil(1000).max(1));
-                (
-                    StatusCode::CONFLICT,
-                    [(header::RETRY_AFTER, secs.to_string())],
-                    "this order is being processed; retry later\n",
-                )
-                    .into_response()
-            }
-            ApiError::Lock(e) => {
-                (StatusCode::SERVICE_UNAVAILABLE, format!("{e}\n")).into_response()
-            }
-        }
-    }
-}
-
 /// Pays an order. Two requests for the same order never run this body at the same time, in
 /// this process or (with Redis) in any other instance.
 #[distributed_lock(key = "order:{order_id}", ttl = "10s")]
-pub async fn pay(Path(order_id): Path<u64>) -> Result<String, ApiError> {
+pub async fn pay(Path(order_id): Path<u64>) -> Result<String, LockError> {
     // Stand-in for the real work (a payment call, a database transaction).
     tokio::time::sleep(Duration::from_millis(20)).await;
     let token = dlock::fencing_token().unwrap_or_default();

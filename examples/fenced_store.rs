@@ -132,8 +132,8 @@ async fn main() -> Result<(), LockError> {
         }
     };
     match a.release().await {
-        Err(LockError::NotOwner { .. }) => {
-            println!("A's release: not the owner any more (B's lock is untouched)")
+        Err(LockError::Lost { .. } | LockError::NotOwner { .. }) => {
+            println!("A's release: lost, not the owner any more (B's lock is untouched)")
         }
         other => println!("A's release: {other:?}"),
     }

@@ -9,7 +9,16 @@
 //! cargo run --release --example torture -- --workers 4 --tasks 4 --secs 40   # the CI size
 //! cargo run --release --example torture -- --mode noexclude --no-nemesis --secs 5  # broken lock
 //! cargo run --release --example torture -- --check DIR --ttl-ms 1000   # re-check old logs
+//! cargo run --release --example torture -- --duration 10m              # the 10-minute run
+//! cargo run --release --example torture -- --engine redlock --secs 60  # Redlock over 3 nodes
+//! cargo run --release --features sentinel --example torture -- --engine sentinel --secs 60
 //! ```
+//!
+//! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
+//! restart, pause, sleep, proxy delay and blackhole), `redlock` (three independent nodes; faults:
+//! worker kill/stop, restart or kill a node, pause or sleep a node, restart a majority at once),
+//! `sentinel` (master, replica, three sentinels; feature `sentinel`; faults: worker kill/stop,
+//! `SENTINEL FAILOVER`, kill the master, pause or sleep the master).
 //!
 //! Options: `--workers K`, `--tasks T`, `--secs S` (time contending, after a 3 s start-up
 //! allowance), `--no-nemesis`, `--ttl-ms`, `--wait-ms`, `--body-us` (the random pause in the
@@ -19,6 +28,11 @@
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,
 //! or a panic.
+//!
+//! `--zookeeper` (build with `--features zookeeper`): the lock lives on a private 3-server
+//! ZooKeeper ensemble (Debian's jars) instead of Redis; each worker's session timeout is the ttl;
+//! the nemesis kills or pauses (past the session timeout) holder processes and kills a follower,
+//! the leader or two members (the majority), restarting them after 1.5–3 s.
 //!
 //! A worker is this same binary re-executed with `DLOCK_TORTURE_WORKER=1`.
 
@@ -60,9 +74,17 @@ fn main() {
                     cfg.body_us = 30_000;
                 }
             }
+            "--engine" => {
+                cfg.engine = harness::Engine::parse(&val()).unwrap_or_else(|| usage("--engine"))
+            }
+            "--duration" => {
+                let v = val();
+                cfg.secs = parse_duration(&v).unwrap_or_else(|| usage(&format!("--duration {v}")))
+            }
             "--dir" => cfg.dir = PathBuf::from(val()),
             "--seed" => cfg.seed = num(&val()) as u64,
             "--quiet" => cfg.verbose = false,
+            "--zookeeper" => cfg.zookeeper = true,
             "--check" => check_only = Some(PathBuf::from(val())),
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
@@ -84,10 +106,11 @@ fn main() {
                 std::process::exit(2)
             });
             println!(
-                "run: {} × {} tasks, mode {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
+                "run: {} × {} tasks, mode {}, engine {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
                 cfg.workers,
                 cfg.tasks,
                 cfg.mode.as_str(),
+                cfg.engine.as_str(),
                 cfg.nemesis,
                 r.elapsed.as_secs_f64(),
                 r.crashed,
@@ -121,6 +144,18 @@ fn main() {
     println!("VERDICT: ok");
 }
 
+/// `600`, `600s`, `10m`, `1h`.
+fn parse_duration(s: &str) -> Option<f64> {
+    let (n, mult) = match s.strip_suffix('h') {
+        Some(n) => (n, 3600.0),
+        None => match s.strip_suffix('m') {
+            Some(n) => (n, 60.0),
+            None => (s.strip_suffix('s').unwrap_or(s), 1.0),
+        },
+    };
+    n.parse::<f64>().ok().filter(|v| *v > 0.0).map(|v| v * mult)
+}
+
 fn num(s: &str) -> usize {
     s.parse()
         .unwrap_or_else(|_| usage(&format!("not a number: {s}")))
@@ -131,8 +166,8 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--workers K] [--tasks T] [--secs S] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
-         [--body-us US] [--mode dlock|noexclude|norenew] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
+        "usage: torture [--engine redis|redlock|sentinel] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+         [--body-us US] [--mode dlock|noexclude|norenew] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
 }

@@ -121,6 +121,68 @@ async fn user_without_channel_permission_waits_by_lease_timer_and_never_hangs() 
     }
 }
 
+/// Issue 7: a refused SUBSCRIBE is asked again after a back-off. The user first lacks channel
+/// permission (waiters use the lease timer); once an operator grants `&dlock:*`, a waiter that
+/// starts after the back-off (1 s) is woken by the release's pub/sub message, long before the
+/// holder's 30 s lease would end, without re-initialising the backend.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_subscribe_is_retried_after_a_back_off() {
+    let server = tokio::task::spawn_blocking(RedisProc::start).await.unwrap();
+    let mut rules = base_rules(PASSWORD);
+    rules.extend(SCRIPT_COMMANDS.iter().map(|s| s.to_string()));
+    let rules: Vec<&str> = rules.iter().map(String::as_str).collect();
+    set_user(&mut server.admin(), "latechan", &rules);
+    let b = backend_as(&server, "latechan").await;
+    let direct: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+
+    // Refused: this wait can only end by its own deadline (the holder keeps a 30 s lease).
+    let holder = Lock::new("late-0")
+        .with_backend(direct.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let r = Lock::new("late-0")
+        .with_backend(b.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(r.is_err(), "got a held lock");
+    holder.release().await.unwrap();
+
+    set_user(&mut server.admin(), "latechan", &["&dlock:*"]);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+
+    let holder = Lock::new("late-1")
+        .with_backend(direct.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let l = Lock::new("late-1")
+        .with_backend(b.clone())
+        .wait(Duration::from_secs(10));
+    let waiter = tokio::spawn(async move {
+        let r = l.acquire().await;
+        (Instant::now(), r)
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(!waiter.is_finished(), "waiter got a held lock");
+    let released = Instant::now();
+    holder.release().await.unwrap();
+    let (at, r) = tokio::time::timeout(Duration::from_secs(15), waiter)
+        .await
+        .expect("waiter returns")
+        .unwrap();
+    let g = r.expect("the waiter acquires after the release");
+    assert!(
+        at.saturating_duration_since(released) < Duration::from_secs(2),
+        "woken {:?} after the release: SUBSCRIBE was not asked again",
+        at.saturating_duration_since(released)
+    );
+    g.release().await.unwrap();
+}
+
 /// The brief's literal ACL user may not run the commands inside the scripts: every call fails
 /// with a clear, typed error (a permission error from the server), quickly, for try and wait.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

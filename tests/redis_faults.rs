@@ -269,9 +269,9 @@ async fn redis_restart_mid_run_backend_errors_then_recovery_without_reinit() {
         wg.fencing_token()
     );
     wg.release().await.unwrap();
-    // The stale holder's release finds nothing of its own.
+    // The stale holder knows it lost the lease: its release says so at once.
     let e = holder.release().await.unwrap_err();
-    assert!(matches!(e, LockError::NotOwner { .. }), "{e:?}");
+    assert!(matches!(e, LockError::Lost { .. }), "{e:?}");
 }
 
 /// C1/R3: without persistence the fence key is lost with the restart; the token after the
@@ -387,7 +387,7 @@ async fn client_pause_longer_than_ttl_makes_the_guard_lost_by_its_own_deadline()
     );
     assert!(g.fencing_token() > a.fencing_token());
     let e = a.release().await.unwrap_err();
-    assert!(matches!(e, LockError::NotOwner { .. }), "{e:?}");
+    assert!(matches!(e, LockError::Lost { .. }), "{e:?}");
     g.release().await.unwrap();
 }
 

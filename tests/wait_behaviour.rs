@@ -47,7 +47,7 @@ async fn waiter_acquires_within_milliseconds_of_a_release_not_at_lease_end(env: 
         let g = g.expect("waiter acquires after the release");
         let handoff = at.saturating_duration_since(released);
         assert!(
-            handoff < Duration::from_millis(200),
+            handoff < env.handoff_budget(),
             "hand-off took {handoff:?} (round {round})"
         );
         g.release().await.unwrap();
@@ -147,8 +147,12 @@ async fn wait_deadline_gives_timed_out_at_the_deadline(env: Env) {
             "wait {wait:?} ended after {took:?}"
         );
         assert!(*waited >= wait, "reported waited {waited:?}");
-        let r = retry_after.expect("retry_after known from the busy replies");
-        assert!(r > Duration::from_secs(20), "retry_after {r:?}");
+        if env.lease_expires_by_ttl() {
+            let r = retry_after.expect("retry_after known from the busy replies");
+            assert!(r > Duration::from_secs(20), "retry_after {r:?}");
+        } else {
+            assert_eq!(*retry_after, None, "a session-based hold has no known end");
+        }
     }
     holder.release().await.unwrap();
 }
@@ -166,6 +170,36 @@ async fn waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release(env:
         .unwrap();
     let granted = Instant::now();
     let other = env.another_backend().await;
+    if !env.lease_expires_by_ttl() {
+        // Session-based engine: the holder's node lives as long as its session, whatever the
+        // ttl. The waiter must NOT get it when the ttl passes; it gets it when the lost guard
+        // is given back (dropped), woken by its predecessor watch.
+        let waiter = Lock::new("expires")
+            .with_backend(other)
+            .wait(Duration::from_secs(10));
+        let waiter = tokio::spawn(async move { waiter.acquire().await });
+        tokio::time::sleep(ttl * 2).await;
+        assert!(!holder.is_valid(), "the holder's own deadline passed");
+        assert!(
+            !waiter.is_finished(),
+            "granted while the holder's node still exists"
+        );
+        let token = holder.fencing_token();
+        let dropped = Instant::now();
+        drop(holder);
+        let g = waiter
+            .await
+            .unwrap()
+            .expect("the waiter acquires after the drop");
+        assert!(
+            dropped.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            dropped.elapsed()
+        );
+        assert!(g.fencing_token() > token);
+        g.release().await.unwrap();
+        return;
+    }
     let g = Lock::new("expires")
         .with_backend(other)
         .wait(Duration::from_secs(10))
@@ -210,7 +244,12 @@ async fn cancelled_and_timed_out_waiters_leave_nothing_behind(env: Env) {
     let released = Instant::now();
     holder.release().await.unwrap();
     let g = last.await.unwrap().expect("the remaining waiter acquires");
-    assert!(released.elapsed() < Duration::from_millis(500));
+    // MySQL has no notifications: its poller (100-250 ms) may add a round (`Env::run_bound`).
+    let took = released.elapsed();
+    assert!(
+        took < env.run_bound(Duration::from_millis(500)),
+        "the remaining waiter got the lock {took:?} after the release"
+    );
     g.release().await.unwrap();
     assert_no_leftovers(&env, &other).await;
 }
@@ -246,9 +285,14 @@ async fn hygiene_no_channels_keys_or_waiters_left_after_contention(env: Env) {
 }
 
 async fn assert_no_leftovers(env: &Env, client: &Arc<dyn dlock::Backend>) {
-    match env.kind {
-        Kind::Redis => {
-            let mut con = env.server().admin_async().await;
+    let servers: Vec<&common::RedisProc> = match env.kind {
+        Kind::Redis => vec![env.server()],
+        Kind::Redlock => env.nodes.iter().collect(),
+        _ => Vec::new(),
+    };
+    for server in servers {
+        {
+            let mut con = server.admin_async().await;
             let settled = common::eventually(Duration::from_secs(3), || {
                 let mut con = con.clone();
                 async move {
@@ -277,9 +321,70 @@ async fn assert_no_leftovers(env: &Env, client: &Arc<dyn dlock::Backend>) {
             let locks: Vec<&String> = keys.iter().filter(|k| !k.ends_with(":fence")).collect();
             assert!(locks.is_empty(), "lock keys left: {locks:?}");
         }
-        Kind::Memory => {
-            assert_eq!(env.memory_locked_count(), 0, "locks left");
+    }
+    match env.kind {
+        Kind::Memory => assert_eq!(env.memory_locked_count(), 0, "locks left"),
+        #[cfg(feature = "postgres")]
+        Kind::Postgres => assert_eq!(env.db().pg_live_rows().await, 0, "lock rows left"),
+        #[cfg(feature = "mysql")]
+        Kind::Mysql => assert_eq!(env.db().my_live_rows().await, 0, "lock rows left"),
+        #[cfg(feature = "postgres")]
+        Kind::PgAdvisory => {
+            for name in ["cancel", "hyg-0", "hyg-1", "hyg-2", "hyg-3"] {
+                assert!(!env.is_locked(name).await, "advisory lock {name:?} left");
+            }
         }
+        #[cfg(feature = "zookeeper")]
+        Kind::Zookeeper => {
+            // No contender node left anywhere, and the empty container parents are removed by
+            // the server (check interval 500 ms in the test harness).
+            let gone = common::eventually(Duration::from_secs(10), || env.zk_root_is_empty()).await;
+            assert!(
+                gone,
+                "lock nodes or parents left: {:?}",
+                env.zk_tree().await
+            );
+        }
+        #[cfg(feature = "cluster")]
+        Kind::Cluster => {
+            // No shard channel left subscribed on any node, and no lock key on any node.
+            let set = env.cluster_set();
+            let settled = common::eventually(Duration::from_secs(3), || async {
+                let mut left = Vec::new();
+                for n in set.nodes.iter() {
+                    let mut con = n.admin_async().await;
+                    let ch: Vec<String> = redis::cmd("PUBSUB")
+                        .arg("SHARDCHANNELS")
+                        .arg("dlock:*")
+                        .query_async(&mut con)
+                        .await
+                        .unwrap();
+                    left.extend(ch);
+                }
+                left.is_empty()
+            })
+            .await;
+            assert!(settled, "shard channels still subscribed");
+            let left = common::cluster::lock_keys_left(set);
+            assert!(left.is_empty(), "lock keys left: {left:?}");
+        }
+        #[cfg(feature = "etcd")]
+        Kind::Etcd => {
+            // No contender key left (deleted by the give-up, not left to its lease), and the
+            // give-ups' cancel markers gone after their linger (the request timeout, 2 s here).
+            let gone = common::eventually(Duration::from_secs(5), || async {
+                common::etcd::keys_under_root(&env.etcd_env().cluster)
+                    .await
+                    .is_empty()
+            })
+            .await;
+            assert!(
+                gone,
+                "lock keys left: {:?}",
+                common::etcd::keys_under_root(&env.etcd_env().cluster).await
+            );
+        }
+        _ => {}
     }
     assert!(
         !client.has_waiters("cancel") && !client.has_waiters("hyg-0"),

@@ -6,7 +6,6 @@
 //! `tokio::spawn`ed task does not inherit task-locals, so it is a different owner.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::guard::Hold;
@@ -61,7 +60,8 @@ pub fn fencing_token() -> Option<u64> {
     FRAME.try_with(|f| f.hold.token).ok()
 }
 
-static PROCESS_ID: LazyLock<u128> = LazyLock::new(|| {
+/// 128 random bits for this process (drawn again in a child after `fork()`).
+fn random_process_id() -> u128 {
     let mut buf = [0u8; 16];
     if getrandom::fill(&mut buf).is_ok() {
         return u128::from_le_bytes(buf);
@@ -76,16 +76,71 @@ static PROCESS_ID: LazyLock<u128> = LazyLock::new(|| {
     let a = h.finish();
     h.write_u64(a);
     ((a as u128) << 64) | h.finish() as u128
-});
-static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
-static OWNER_PREFIX: LazyLock<String> = LazyLock::new(|| format!("{:032x}:", *PROCESS_ID));
+}
 
-/// A fresh owner id: 128 random bits for this process, then a counter.
+static NEXT_OWNER: AtomicU64 = AtomicU64::new(1);
+
+/// Bumped in the child of every `fork()` (a `pthread_atfork` handler, registered with the first
+/// prefix): a child must not reuse its parent's owner prefix, or both would own each other's
+/// locks.
+static FORK_GENERATION: AtomicU64 = AtomicU64::new(0);
+
+#[cfg(unix)]
+extern "C" fn forked_child() {
+    // Async-signal-safe: one atomic add.
+    FORK_GENERATION.fetch_add(1, Ordering::Relaxed);
+}
+
+/// The owner prefix and the fork generation it was made in.
+static OWNER_PREFIX: std::sync::Mutex<Option<(u64, Arc<str>)>> = std::sync::Mutex::new(None);
+
+thread_local! {
+    static PREFIX_CACHE: std::cell::RefCell<Option<(u64, Arc<str>)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+fn owner_prefix() -> Arc<str> {
+    let generation = FORK_GENERATION.load(Ordering::Relaxed);
+    if let Some(p) = PREFIX_CACHE.with(|c| {
+        c.borrow()
+            .as_ref()
+            .filter(|(g, _)| *g == generation)
+            .map(|(_, p)| p.clone())
+    }) {
+        return p;
+    }
+    let mut global = OWNER_PREFIX.lock().unwrap_or_else(|e| e.into_inner());
+    let p = match global.as_ref().filter(|(g, _)| *g == generation) {
+        Some((_, p)) => p.clone(),
+        None => {
+            #[cfg(unix)]
+            if global.is_none() {
+                static REGISTER: std::sync::Once = std::sync::Once::new();
+                REGISTER.call_once(|| {
+                    // SAFETY: registers a plain `extern "C"` handler that only does an atomic add.
+                    unsafe {
+                        libc::pthread_atfork(None, None, Some(forked_child));
+                    }
+                });
+            }
+            let p: Arc<str> = format!("{:032x}:", random_process_id()).into();
+            *global = Some((generation, p.clone()));
+            p
+        }
+    };
+    drop(global);
+    PREFIX_CACHE.with(|c| *c.borrow_mut() = Some((generation, p.clone())));
+    p
+}
+
+/// A fresh owner id: 128 random bits for this process (new ones after a `fork()`), then a
+/// counter.
 pub(crate) fn new_owner() -> Arc<str> {
     use std::fmt::Write as _;
+    let prefix = owner_prefix();
     let n = NEXT_OWNER.fetch_add(1, Ordering::Relaxed);
-    let mut s = String::with_capacity(OWNER_PREFIX.len() + 20);
-    s.push_str(&OWNER_PREFIX);
+    let mut s = String::with_capacity(prefix.len() + 20);
+    s.push_str(&prefix);
     let _ = write!(s, "{n}");
     s.into()
 }

@@ -59,7 +59,8 @@ pub enum LockError {
         /// Why it was lost.
         reason: LostReason,
     },
-    /// A release by a guard whose lease had already ended: nothing was deleted.
+    /// A release the backend refused because another owner holds the lock now: nothing was
+    /// deleted. (A guard that already knows it is lost returns [`LockError::Lost`] instead.)
     #[error("lock `{key}` is not held by this owner any more; nothing was released")]
     NotOwner {
         /// The lock name.

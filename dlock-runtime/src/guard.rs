@@ -28,12 +28,19 @@ pub(crate) struct Hold {
     ttl_ms: AtomicU64,
     /// The local deadline: send time of the last confirmed acquire or renewal plus the ttl.
     deadline: Mutex<Instant>,
+    /// Bumped by every `extend` when it is sent: a renewal sent before it must not confirm
+    /// after it (its reply may arrive later than the extend's), and an older extend not after
+    /// a newer one.
+    epoch: AtomicU64,
+    /// Notified when an extend sets the deadline (`lost()` re-reads it).
+    deadline_changed: Notify,
     lost: CancellationToken,
     lost_reason: OnceLock<LostReason>,
     /// Stops the watchdog (release or drop of the outermost guard).
     stop: StopFlag,
     /// The hold's place in its runtime's watchdog, if it has one.
     wd: Option<Slot>,
+    metric: crate::metrics::HoldMetric,
 }
 
 impl fmt::Debug for Hold {
@@ -78,12 +85,39 @@ impl Hold {
     /// Records a confirmed acquire or renewal sent at `sent`. A renewal only moves the deadline
     /// forward (a late reply to an older renewal must not move it back); an explicit extend sets
     /// it, since a shorter lease on the server must shorten the local one too.
-    pub(crate) fn confirm(&self, sent: Instant, ttl: Duration, set: bool) {
+    ///
+    /// `epoch` is [`Hold::epoch`] as read when the call was sent: a confirmation from before the
+    /// latest extend is ignored (its lease on the server was replaced by the extend's). Returns
+    /// whether it was applied.
+    pub(crate) fn confirm(&self, sent: Instant, ttl: Duration, set: bool, epoch: u64) -> bool {
         let mut d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
-        let new = sent + ttl;
+        // Checked under the deadline's lock, which `extend` confirms under too.
+        if self.epoch.load(Ordering::Acquire) != epoch {
+            return false;
+        }
+        // Durations are capped at `Lock::MAX_DURATION`, so this cannot overflow in practice;
+        // if it did, the deadline stays where it was.
+        let Some(new) = sent.checked_add(ttl.saturating_sub(self.backend.lease_margin(ttl))) else {
+            return false;
+        };
         if set || new > *d {
             *d = new;
         }
+        drop(d);
+        if set {
+            self.deadline_changed.notify_waiters();
+        }
+        true
+    }
+
+    pub(crate) fn epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    /// A new epoch for an extend about to be sent.
+    fn bump_epoch(&self) -> u64 {
+        let _d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        self.epoch.fetch_add(1, Ordering::AcqRel) + 1
     }
 
     pub(crate) fn mark_lost(&self, reason: LostReason) {
@@ -99,6 +133,7 @@ impl Hold {
             );
             self.lost.cancel();
             self.stop.cancel();
+            self.metric.lost(self.acquired_at);
         }
     }
 
@@ -113,8 +148,10 @@ impl Hold {
         }
     }
 
+    /// Not lost, not given back by its outermost guard (an inner guard that outlives the outer
+    /// release is not valid), and before the deadline.
     pub(crate) fn is_valid(&self) -> bool {
-        !self.lost.is_cancelled() && Instant::now() < self.deadline()
+        !self.lost.is_cancelled() && !self.stop.is_cancelled() && Instant::now() < self.deadline()
     }
 
     /// The error for a hold that is no longer valid.
@@ -177,6 +214,7 @@ pub(crate) struct GuardInit {
     pub(crate) hold_at_least: Option<Duration>,
     /// The hold this acquisition re-entered, if any.
     pub(crate) parent: Option<Arc<Hold>>,
+    pub(crate) metric: crate::metrics::Labels,
 }
 
 /// A held lock. Give it back with [`LockGuard::release`]; dropping it releases in the background.
@@ -221,6 +259,7 @@ impl LockGuard {
                 done: false,
             };
         }
+        let lease = init.ttl.saturating_sub(init.backend.lease_margin(init.ttl));
         let hold = Arc::new(Hold {
             backend: init.backend,
             name: init.name,
@@ -229,13 +268,33 @@ impl LockGuard {
             acquired_at: init.sent,
             hold_until: init.max_hold.map(|m| init.sent + m),
             ttl_ms: AtomicU64::new(init.ttl.as_millis().max(1) as u64),
-            deadline: Mutex::new(init.sent + init.ttl),
+            deadline: Mutex::new(init.sent + lease),
+            epoch: AtomicU64::new(0),
+            deadline_changed: Notify::new(),
             lost: CancellationToken::new(),
             lost_reason: OnceLock::new(),
             stop: StopFlag::default(),
-            wd: watchdog::slot(init.watchdog, init.sent + init.ttl / 3),
+            wd: watchdog::slot(init.watchdog, init.sent + lease / 3),
+            metric: crate::metrics::HoldMetric::start(init.metric),
         });
         watchdog::arm(&hold);
+        // A backend that hears of a loss by itself (a ZooKeeper session expiry) reports it at once.
+        if let Some(signal) = hold.backend.lost_signal(&hold.name, &hold.owner)
+            && let Ok(rt) = tokio::runtime::Handle::try_current()
+        {
+            let h = hold.clone();
+            rt.spawn(async move {
+                tokio::select! {
+                    biased;
+                    _ = h.stopped() => {}
+                    _ = signal => {
+                        if !h.is_stopped() {
+                            h.mark_lost(LostReason::NotOwner);
+                        }
+                    }
+                }
+            });
+        }
         LockGuard {
             hold,
             outer: true,
@@ -274,7 +333,7 @@ impl LockGuard {
 
     /// Time left until the local deadline (zero when lost).
     pub fn remaining(&self) -> Duration {
-        if self.hold.lost.is_cancelled() {
+        if self.hold.lost.is_cancelled() || self.hold.stop.is_cancelled() {
             return Duration::ZERO;
         }
         self.hold
@@ -309,10 +368,13 @@ impl LockGuard {
         let hold = self.hold.clone();
         async move {
             loop {
+                let changed = hold.deadline_changed.notified();
                 let deadline = hold.deadline();
                 tokio::select! {
                     biased;
                     _ = hold.lost.cancelled() => break,
+                    // An extend moved the deadline (maybe earlier): re-read it.
+                    _ = changed => {}
                     _ = hold.stop.cancelled() => {
                         // Released or dropped before it was lost: never completes (the deadline
                         // is no longer renewed, so waiting for it would report a false loss).
@@ -343,26 +405,43 @@ impl LockGuard {
     }
 
     /// Sets the lease to `ttl` from now, if this owner still holds the lock; later renewals by
-    /// the watchdog use `ttl` too. Gives [`LockError::Lost`] when another owner has it now.
+    /// the watchdog use `ttl` too. Gives [`LockError::Lost`] when another owner has it now, or
+    /// when the lease's own deadline passes before the backend answers (the call then returns at
+    /// that deadline, whatever the server does).
     pub async fn extend(&self, ttl: Duration) -> Result<(), LockError> {
         if ttl.is_zero() {
             return Err(LockError::Config("extend needs a positive ttl".into()));
         }
-        if self.hold.lost.is_cancelled() {
+        if ttl > crate::Lock::MAX_DURATION {
+            return Err(LockError::Config(format!(
+                "lock `{}`: extend({ttl:?}) is above the cap of {:?}",
+                self.hold.name,
+                crate::Lock::MAX_DURATION
+            )));
+        }
+        if !self.hold.is_valid() {
             return Err(self.lost_error());
         }
+        let epoch = self.hold.bump_epoch();
         let sent = Instant::now();
-        match self
+        let mut call = self
             .hold
             .backend
-            .extend(&self.hold.name, &self.hold.owner, ttl)
-            .await?
-        {
+            .extend(&self.hold.name, &self.hold.owner, ttl);
+        let Some(r) = until_lost(&self.hold, &mut call).await else {
+            return Err(self.lost_error());
+        };
+        match r? {
             Extended::Extended => {
-                self.hold
-                    .ttl_ms
-                    .store(ttl.as_millis().max(1) as u64, Ordering::Relaxed);
-                self.hold.confirm(sent, ttl, true);
+                // Only the newest extend applies (an older one answered late changes nothing).
+                if self.hold.confirm(sent, ttl, true, epoch) {
+                    self.hold
+                        .ttl_ms
+                        .store(ttl.as_millis().max(1) as u64, Ordering::Relaxed);
+                    // The next renewal and the deadline event follow the new lease.
+                    let lease = ttl.saturating_sub(self.hold.backend.lease_margin(ttl));
+                    watchdog::rescheduled(&self.hold, sent + lease / 3);
+                }
                 Ok(())
             }
             Extended::Lost => {
@@ -386,6 +465,7 @@ impl LockGuard {
         if self.outer {
             self.hold.stop.cancel();
             watchdog::stop(&self.hold);
+            self.hold.metric.end(self.hold.acquired_at);
         }
         self.keep_until
             .map(|t| t.saturating_duration_since(Instant::now()))
@@ -393,17 +473,28 @@ impl LockGuard {
     }
 
     /// Gives the lock back and waits for the backend to confirm. With `hold_at_least`, a release
-    /// before that time keeps the lock taken until then. Gives [`LockError::NotOwner`] when the
-    /// lease had already ended and someone else may hold the lock; nothing is deleted then.
+    /// before that time keeps the lock taken until then.
+    ///
+    /// A guard that is no longer valid (lost, or past its deadline) returns [`LockError::Lost`]
+    /// at once, and a release the backend does not confirm by the lease's deadline returns
+    /// [`LockError::Lost`] at that deadline: in both cases the give-back goes on in the
+    /// background (owner-checked, bounded, logged when it fails), so the caller never waits on a
+    /// server that does not answer. Gives [`LockError::NotOwner`] when the backend says another
+    /// owner holds the lock now; nothing is deleted then.
     pub async fn release(mut self) -> Result<(), LockError> {
+        let valid = self.hold.is_valid();
         let keep = self.finish();
+        let mut call = PendingRelease::new(self.hold.clone(), keep, self.outer);
+        if !valid {
+            // `call` goes to the background when dropped here.
+            return Err(self.lost_error());
+        }
         // Timings only when someone listens: a clock read is a measurable part of a pair.
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
-        let r = self
-            .hold
-            .backend
-            .release(&self.hold.name, &self.hold.owner, keep, self.outer)
-            .await;
+        let Some(r) = until_lost(&self.hold, call.future()).await else {
+            return Err(self.lost_error());
+        };
+        call.done();
         if let Some(started) = started {
             tracing::debug!(
                 key = %self.hold.name,
@@ -422,26 +513,171 @@ impl LockGuard {
     }
 }
 
+/// Awaits `fut` while `hold` is valid: `None` once the hold is lost or its deadline passes first
+/// (the deadline is re-read, as renewals move it). `fut` is left unfinished then.
+async fn until_lost<F: Future + Unpin>(hold: &Hold, fut: &mut F) -> Option<F::Output> {
+    // A call that is ready at once (the in-memory backend) needs no timer: no timer entry on
+    // that path, and it works outside a tokio runtime.
+    if let std::task::Poll::Ready(r) = poll_once(fut).await {
+        return Some(r);
+    }
+    loop {
+        let deadline = hold.deadline();
+        tokio::select! {
+            biased;
+            r = &mut *fut => return Some(r),
+            _ = hold.lost.cancelled() => return None,
+            _ = tokio::time::sleep_until(deadline) => {
+                let now = Instant::now();
+                if now >= hold.deadline() {
+                    hold.mark_lost(hold.expiry_reason(now));
+                    return None;
+                }
+            }
+        }
+    }
+}
+
+/// Polls `fut` once.
+pub(crate) async fn poll_once<F: Future + Unpin>(fut: &mut F) -> std::task::Poll<F::Output> {
+    std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
+}
+
+type ReleaseFuture = std::pin::Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send>>;
+
+/// A release call in flight. Dropped before its reply was read (the caller stopped waiting: a
+/// deadline, a cancelled future), it finishes in the background, bounded by
+/// [`give_back_bound`], and logs a failure.
+struct PendingRelease {
+    hold: Arc<Hold>,
+    fut: Option<ReleaseFuture>,
+}
+
+impl PendingRelease {
+    fn new(hold: Arc<Hold>, keep: Option<Duration>, all: bool) -> Self {
+        let h = hold.clone();
+        let fut: ReleaseFuture =
+            Box::pin(async move { h.backend.release(&h.name, &h.owner, keep, all).await });
+        PendingRelease {
+            hold,
+            fut: Some(fut),
+        }
+    }
+
+    fn future(&mut self) -> &mut ReleaseFuture {
+        self.fut.as_mut().expect("release future taken")
+    }
+
+    /// The reply was read: nothing left to do on drop.
+    fn done(&mut self) {
+        self.fut = None;
+    }
+}
+
+impl Drop for PendingRelease {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            give_back_in_background(self.hold.clone(), fut);
+        }
+    }
+}
+
+/// How long a background give-back may take: the lease frees itself on the server after its
+/// ttl anyway, so waiting longer than that (at least 1 s, at most 30 s) serves nothing.
+pub(crate) fn give_back_bound(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// Finishes a release in the background, bounded, logging what could not be given back.
+///
+/// On a runtime that is shutting down the spawned task never runs: its drop guard then gives
+/// back on a helper thread with a runtime of its own, and waits for it at most
+/// [`SHUTDOWN_GIVE_BACK`]. Outside any runtime the helper thread is used directly.
+fn give_back_in_background(hold: Arc<Hold>, fut: ReleaseFuture) {
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        give_back_on_a_thread(hold, fut);
+        return;
+    };
+    let mut task = Unfinished {
+        hold,
+        fut: Some(fut),
+    };
+    rt.spawn(async move {
+        let bound = give_back_bound(task.hold.ttl());
+        let fut = task.fut.as_mut().expect("set until finished");
+        let r = tokio::time::timeout(bound, fut).await;
+        task.fut = None;
+        match r {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::warn!(key = %task.hold.name, error = %e, "dlock: background release failed; the lock frees when its lease runs out")
+            }
+            Err(_) => {
+                tracing::warn!(key = %task.hold.name, bound_ms = bound.as_millis() as u64, "dlock: background release not confirmed in time; the lock frees when its lease runs out")
+            }
+        }
+    });
+}
+
+/// How long a give-back during runtime shutdown (or outside a runtime) may block the dropping
+/// thread.
+pub(crate) const SHUTDOWN_GIVE_BACK: Duration = Duration::from_secs(1);
+
+/// A background release whose task was dropped before it finished (its runtime shut down).
+struct Unfinished {
+    hold: Arc<Hold>,
+    fut: Option<ReleaseFuture>,
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        if let Some(fut) = self.fut.take() {
+            give_back_on_a_thread(self.hold.clone(), fut);
+        }
+    }
+}
+
+/// Runs the release on a new thread with its own runtime, bounded by [`SHUTDOWN_GIVE_BACK`],
+/// and waits for it as long; logs what could not be given back.
+fn give_back_on_a_thread(hold: Arc<Hold>, fut: ReleaseFuture) {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let name = hold.name.clone();
+    let spawned = std::thread::Builder::new()
+        .name("dlock-give-back".into())
+        .spawn(move || {
+            let r = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())
+                .and_then(|rt| {
+                    rt.block_on(async move { tokio::time::timeout(SHUTDOWN_GIVE_BACK, fut).await })
+                        .map_err(|_| "no reply in time".to_string())
+                        .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()))
+                });
+            if let Err(e) = &r {
+                tracing::warn!(key = %hold.name, error = %e, "dlock: could not give the lock back while the runtime shut down; it frees when its lease runs out");
+            }
+            let _ = tx.send(());
+        });
+    match spawned {
+        Ok(_) => {
+            if rx.recv_timeout(SHUTDOWN_GIVE_BACK).is_err() {
+                tracing::warn!(key = %name, "dlock: giving the lock back at shutdown is still running; it frees when its lease runs out if the process exits first");
+            }
+        }
+        Err(e) => {
+            tracing::warn!(key = %name, error = %e, "dlock: no thread to give the lock back at shutdown; it frees when its lease runs out")
+        }
+    }
+}
+
 impl Drop for LockGuard {
     fn drop(&mut self) {
         if self.done {
             return;
         }
         let keep = self.finish();
-        let hold = self.hold.clone();
-        let outer = self.outer;
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                rt.spawn(async move {
-                    if let Err(e) = hold.backend.release(&hold.name, &hold.owner, keep, outer).await {
-                        tracing::warn!(key = %hold.name, error = %e, "dlock: background release failed; the lock frees when its lease runs out");
-                    }
-                });
-            }
-            Err(_) => tracing::warn!(
-                key = %self.hold.name,
-                "dlock: guard dropped outside a tokio runtime; the lock frees when its lease runs out"
-            ),
-        }
+        // Dropped unfinished, the pending call goes to the background.
+        drop(PendingRelease::new(self.hold.clone(), keep, self.outer));
     }
 }

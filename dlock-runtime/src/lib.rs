@@ -22,27 +22,55 @@ mod error;
 mod guard;
 mod key;
 mod lock;
+mod metrics;
 mod policy;
 mod registry;
 mod scripts;
 mod wait;
 mod watchdog;
+#[cfg(feature = "axum")]
+pub mod web;
 
 #[doc(hidden)]
 pub mod private;
 
+#[cfg(feature = "cluster")]
+pub use backend::cluster::{ClusterBackend, ClusterBackendBuilder};
+#[cfg(feature = "etcd")]
+pub use backend::etcd::{EtcdBackend, EtcdBackendBuilder};
 pub use backend::memory::MemoryBackend;
 pub use backend::redis::{RedisBackend, RedisBackendBuilder};
+pub use backend::redlock::{RedlockBackend, RedlockBuilder, init_redlock};
+#[cfg(feature = "sentinel")]
+pub use backend::sentinel::{SentinelBackend, SentinelBuilder, init_sentinel};
+#[cfg(feature = "mysql")]
+pub use backend::sql::mysql::{MysqlBackend, MysqlBackendBuilder, mysql_schema_sql};
+#[cfg(feature = "postgres")]
+pub use backend::sql::pg_advisory::advisory_key as postgres_advisory_key;
+#[cfg(feature = "postgres")]
+pub use backend::sql::postgres::{PostgresBackend, PostgresBackendBuilder, postgres_schema_sql};
+#[cfg(feature = "zookeeper")]
+pub use backend::zookeeper::{ZookeeperBackend, ZookeeperBackendBuilder};
 pub use backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 pub use context::fencing_token;
+#[cfg(feature = "postgres")]
+pub use deadpool_postgres;
 pub use error::{LockError, LostReason};
+#[cfg(feature = "etcd")]
+pub use etcd_client;
 pub use guard::LockGuard;
 pub use key::{MAX_KEY_LEN, RedisKeys, redis_keys};
 pub use lock::{DEFAULT_TTL, Lock};
+#[cfg(feature = "mysql")]
+pub use mysql_async;
 pub use policy::{
     OnBusy, OnLost, Policy, define_policy, load_policies, load_policies_str, policy,
     policy_env_var, policy_names,
 };
+#[cfg(feature = "cluster")]
+pub use registry::init_cluster;
 pub use registry::{DEFAULT_BACKEND, backend, init, init_named, register, register_arc};
+#[cfg(feature = "postgres")]
+pub use tokio_postgres;
 pub use tokio_util::sync::CancellationToken;
 pub use wait::WaitQueues;

@@ -41,6 +41,7 @@ pub struct Lock {
     max_hold: Option<Duration>,
     hold_at_least: Option<Duration>,
     backend: BackendRef,
+    metric_name: Cow<'static, str>,
 }
 
 #[derive(Clone)]
@@ -68,6 +69,12 @@ impl std::fmt::Debug for Lock {
 }
 
 impl Lock {
+    /// The longest ttl, `extend`, `max_hold` and `hold_at_least` accepted: 365 days. Longer ones
+    /// are refused with [`LockError::Config`] before anything is sent, so that no deadline
+    /// arithmetic can overflow and no backend gets an out-of-range expiry. (`wait` is not
+    /// capped: a wait too long to represent waits for ever.)
+    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+
     /// A lock named `name` (1 to 1024 bytes; see [`crate::redis_keys`] for how it maps to Redis
     /// keys), with a 30 s ttl, no waiting, the watchdog on and the backend `"default"`.
     pub fn new(name: impl Into<String>) -> Self {
@@ -79,10 +86,20 @@ impl Lock {
             max_hold: None,
             hold_at_least: None,
             backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
+            metric_name: Cow::Borrowed(crate::metrics::DEFAULT_METRIC_NAME),
         }
     }
 
-    /// The lease length (default 30 s). With the watchdog on it is renewed every ttl/3.
+    /// The `lock` label of this lock's metrics (feature `metrics`; default `"manual"`). Use a
+    /// bounded name (the template, the job), never the rendered key: every distinct value is a
+    /// new time series. The attribute sets it to the function's name.
+    pub fn metric_name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
+        self.metric_name = name.into();
+        self
+    }
+
+    /// The lease length (default 30 s). With the watchdog on it is renewed every ttl/3 (a third of
+    /// the lease the guard counts on: on ZooKeeper, `min(ttl, session timeout)`).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.ttl = ttl;
         self
@@ -129,6 +146,15 @@ impl Lock {
         self
     }
 
+    fn metric_labels(&self) -> crate::metrics::Labels {
+        const DIRECT: std::borrow::Cow<'static, str> = Cow::Borrowed("direct");
+        let backend = match &self.backend {
+            BackendRef::Named(n) => n,
+            BackendRef::Direct(_) => &DIRECT,
+        };
+        crate::metrics::Labels::new(backend, &self.metric_name)
+    }
+
     /// The lock name.
     pub fn name(&self) -> &str {
         &self.name
@@ -143,15 +169,31 @@ impl Lock {
     /// Inside a guarded scope that already holds this name on the same backend, the call
     /// re-enters (hold count + 1) and returns at once.
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
-        key::validate(&self.name)?;
+        let counted = |e| crate::metrics::setup_error(&self.metric_labels(), e);
+        key::validate(&self.name).map_err(counted)?;
         if self.ttl.is_zero() {
-            return Err(LockError::Config(format!(
+            return Err(counted(LockError::Config(format!(
                 "lock `{}`: the ttl must be positive",
                 self.name
-            )));
+            ))));
+        }
+        for (what, d) in [
+            ("ttl", Some(self.ttl)),
+            ("max_hold", self.max_hold),
+            ("hold_at_least", self.hold_at_least),
+        ] {
+            if let Some(d) = d
+                && d > Self::MAX_DURATION
+            {
+                return Err(LockError::Config(format!(
+                    "lock `{}`: {what} {d:?} is above the cap of {:?}",
+                    self.name,
+                    Self::MAX_DURATION
+                )));
+            }
         }
         let backend = match &self.backend {
-            BackendRef::Named(n) => registry::backend(n)?,
+            BackendRef::Named(n) => registry::backend(n).map_err(counted)?,
             BackendRef::Direct(b) => b.clone(),
         };
         // Re-enter only a hold of this name that the call chain already has; any other
@@ -175,6 +217,7 @@ impl Lock {
             .acquire_loop(&backend, owner, parent, started)
             .instrument(span.clone())
             .await;
+        crate::metrics::acquire_done(&self.metric_labels(), &r, started, !self.wait.is_zero());
         match &r {
             Ok(g) => tracing::debug!(
                 parent: &span,
@@ -205,12 +248,31 @@ impl Lock {
         let mut last_err: Option<LockError> = None;
         // The first try reuses the start instant (no clock read on the uncontended path); every
         // later try reads the clock, since its lease counts from its own send time.
-        let mut first_try = true;
         // Queue behind local waiters instead of barging in, unless this is a re-entry, a
         // single try, or nobody knows when the current lease ends.
         let mut try_now = self.wait.is_zero() || parent.is_some() || !backend.has_waiters(name);
+        // Only a try made right away may reuse the start instant: one made after queueing
+        // counts its lease from its own send time.
+        let mut first_try = try_now;
+        // A backend that keeps failed tries queued (ZooKeeper) is told when this wait ends
+        // without a grant, however it ends (return or a dropped future).
+        let mut give_up = GiveUp {
+            backend: (parent.is_none() && backend.queues_contenders()).then_some(backend),
+            name,
+            owner: owner.clone(),
+            ttl: self.ttl,
+        };
         if !try_now {
-            let w = backend.watch(name).await?;
+            first_try = false;
+            // Bounded by the wait like every other await of it.
+            let fut = backend.watch(name);
+            let w = match deadline {
+                Some(d) => match tokio::time::timeout_at(d, fut).await {
+                    Ok(w) => w?,
+                    Err(_) => return Err(self.timed_out(started, remaining, last_err)),
+                },
+                None => fut.await?,
+            };
             try_now = w.lease_end().is_none_or(|t| t <= Instant::now());
             watch = Some(w);
         }
@@ -221,18 +283,48 @@ impl Lock {
                 } else {
                     Instant::now()
                 };
-                let attempt =
-                    try_acquire_guarded(backend, name, &owner, self.ttl, parent.is_none());
-                let outcome = match deadline.filter(|_| !self.wait.is_zero()) {
-                    Some(d) => match tokio::time::timeout_at(d, attempt).await {
-                        Ok(r) => r,
-                        Err(_) => {
-                            // The reply is late: if it turns out to be a grant, give it back, so a
-                            // timed-out acquire never leaves a hold (or an inflated count) behind.
-                            return Err(self.timed_out(started, remaining, last_err));
-                        }
-                    },
-                    None => attempt.await,
+                let outcome = {
+                    let attempt =
+                        try_acquire_guarded(backend, name, &owner, self.ttl, parent.is_none());
+                    // A reply later than the lease it asks for is useless (a grant would be given
+                    // back as late), so one try never waits longer than the ttl, nor past the wait.
+                    let wait_end = deadline.filter(|_| !self.wait.is_zero());
+                    let lease_end = sent.checked_add(self.ttl);
+                    let limit = match (wait_end, lease_end) {
+                        (Some(w), Some(l)) => Some(w.min(l)),
+                        (w, l) => w.or(l),
+                    };
+                    let mut attempt = std::pin::pin!(attempt);
+                    // A try that is ready at once (the in-memory backend) needs no timer.
+                    let first = crate::guard::poll_once(&mut attempt).await;
+                    match (first, limit) {
+                        (std::task::Poll::Ready(r), _) => r,
+                        (_, Some(d)) => match tokio::time::timeout_at(d, attempt).await {
+                            Ok(r) => r,
+                            // The reply is late: if it turns out to be a grant, the try's drop guard
+                            // gives it back, so a timed-out acquire never leaves a hold (or an
+                            // inflated count) behind.
+                            Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
+                                return Err(self.timed_out(started, remaining, last_err));
+                            }
+                            // A single try times out as a late grant does.
+                            Err(_) if self.wait.is_zero() => {
+                                return Err(LockError::TimedOut {
+                                    key: self.name.clone(),
+                                    waited: started.elapsed(),
+                                    retry_after: None,
+                                });
+                            }
+                            Err(_) => Err(LockError::backend(
+                                name,
+                                format!(
+                                    "no reply to the acquire within the lease's ttl ({:?})",
+                                    self.ttl
+                                ),
+                            )),
+                        },
+                        (_, None) => attempt.await,
+                    }
                 };
                 match outcome {
                     Ok(Acquired::Granted { token, count }) => {
@@ -243,7 +335,12 @@ impl Lock {
                             // this is a fresh grant, not a re-entry. Give it back and report the
                             // outer hold lost.
                             p.mark_lost(crate::LostReason::NotOwner);
-                            let _ = backend.release(name, &owner, None, true).await;
+                            // Awaited (so the name is free when this returns), but never past
+                            // the fresh grant's own lease; then it goes on in the background.
+                            let give_back = backend.release(name, &owner, None, true);
+                            if tokio::time::timeout(self.ttl, give_back).await.is_err() {
+                                spawn_release(backend, name, &owner, self.ttl);
+                            }
                             return Err(p.lost_error());
                         }
                         if parent.is_none() && Instant::now() >= sent + self.ttl {
@@ -256,8 +353,9 @@ impl Lock {
                                 late_ms = sent.elapsed().saturating_sub(self.ttl).as_millis() as u64,
                                 "dlock: a grant arrived after its lease had run out; given back"
                             );
-                            spawn_release(backend, name, &owner);
+                            spawn_release(backend, name, &owner, self.ttl);
                             owner = context::new_owner();
+                            give_up.owner = owner.clone();
                             if self.wait.is_zero() {
                                 return Err(LockError::TimedOut {
                                     key: self.name.clone(),
@@ -271,6 +369,7 @@ impl Lock {
                         if let Some(w) = &watch {
                             w.note_remaining(self.ttl);
                         }
+                        give_up.backend = None;
                         return Ok(LockGuard::new(
                             GuardInit {
                                 backend: backend.clone(),
@@ -283,11 +382,18 @@ impl Lock {
                                 max_hold: self.max_hold,
                                 hold_at_least: self.hold_at_least,
                                 parent,
+                                metric: self.metric_labels(),
                             },
                             count,
                         ));
                     }
                     Ok(Acquired::Busy { remaining: r }) => {
+                        if let Some(p) = &parent {
+                            // The server gave this chain's lock to another owner: the outer
+                            // hold is lost, and waiting for ourselves would be wrong.
+                            p.mark_lost(crate::LostReason::NotOwner);
+                            return Err(p.lost_error());
+                        }
                         remaining = r;
                         last_err = None;
                         if let Some(w) = &watch {
@@ -312,6 +418,7 @@ impl Lock {
                             // The failed try was cleaned up under its owner id; later tries use
                             // a new one, so a try that still runs late cannot be counted twice.
                             owner = context::new_owner();
+                            give_up.owner = owner.clone();
                         }
                     }
                 }
@@ -401,6 +508,7 @@ fn try_acquire_guarded<'a>(
         backend: fresh_owner.then_some(backend),
         name,
         owner,
+        ttl,
     };
     async move {
         let r = backend.try_acquire(name, owner, ttl).await;
@@ -421,6 +529,7 @@ struct InFlight<'a> {
     backend: Option<&'a Arc<dyn Backend>>,
     name: &'a str,
     owner: &'a Arc<str>,
+    ttl: Duration,
 }
 
 impl InFlight<'_> {
@@ -433,14 +542,32 @@ impl InFlight<'_> {
 impl Drop for InFlight<'_> {
     fn drop(&mut self) {
         if let Some(backend) = self.backend.take() {
-            spawn_release(backend, self.name, self.owner);
+            spawn_release(backend, self.name, self.owner, self.ttl);
+        }
+    }
+}
+
+/// Drop guard of a wait on a backend that queues failed tries: unless disarmed by a grant,
+/// releases `owner` (which removes its queued contender) when the wait ends.
+struct GiveUp<'a> {
+    backend: Option<&'a Arc<dyn Backend>>,
+    name: &'a str,
+    owner: Arc<str>,
+    ttl: Duration,
+}
+
+impl Drop for GiveUp<'_> {
+    fn drop(&mut self) {
+        if let Some(backend) = self.backend.take() {
+            spawn_release(backend, self.name, &self.owner, self.ttl);
         }
     }
 }
 
 /// Gives back every hold of `owner` on `name` in the background (owner-checked: a lock that
-/// another owner holds by now is left alone). Without a runtime the lease runs out by itself.
-fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>) {
+/// another owner holds by now is left alone), bounded by the lease's ttl (after which the server
+/// frees it anyway). Without a runtime the lease runs out by itself.
+fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>, ttl: Duration) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
     };
@@ -448,8 +575,15 @@ fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>) {
     let name = name.to_string();
     let owner = owner.clone();
     rt.spawn(async move {
-        if let Err(e) = backend.release(&name, &owner, None, true).await {
-            tracing::debug!(key = %name, error = %e, "dlock: giving back an unused grant failed; its lease runs out by itself");
+        let bound = crate::guard::give_back_bound(ttl);
+        match tokio::time::timeout(bound, backend.release(&name, &owner, None, true)).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => {
+                tracing::debug!(key = %name, error = %e, "dlock: giving back an unused grant failed; its lease runs out by itself")
+            }
+            Err(_) => {
+                tracing::debug!(key = %name, "dlock: giving back an unused grant got no reply in time; its lease runs out by itself")
+            }
         }
     });
 }

@@ -160,7 +160,8 @@ pub async fn run_locked<F: Future>(
         .ttl(r.ttl)
         .wait(r.wait)
         .watchdog(r.watchdog)
-        .backend(r.backend.clone());
+        .backend(r.backend.clone())
+        .metric_name(spec.fn_name);
     if let Some(h) = r.hold_at_least {
         lock = lock.hold_at_least(h);
     }

@@ -21,8 +21,52 @@ pub async fn init(url: &str) -> Result<(), LockError> {
     init_named(DEFAULT_BACKEND, url).await
 }
 
-/// Connects to Redis and registers it under `name` (replacing what was there).
+/// Connects to Redis and registers it under `name` (replacing what was there); with the
+/// `zookeeper` feature, a `zk://host:port[,host:port...][/chroot]` URL connects to ZooKeeper;
+/// with the `etcd` feature, an `etcd://host:port[,host:port...]` URL connects to etcd.
 pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
+    // Database engines by URL scheme (backend/sql/); everything else is Redis.
+    let scheme = url.split_once("://").map(|(s, _)| s.to_ascii_lowercase());
+    match scheme.as_deref() {
+        #[cfg(feature = "postgres")]
+        Some("postgres" | "postgresql") => {
+            let b = crate::backend::sql::postgres::PostgresBackend::connect(url).await?;
+            tracing::info!(backend = name, url = %b.url(), "dlock: PostgreSQL backend registered");
+            register(name, b);
+            return Ok(());
+        }
+        #[cfg(feature = "mysql")]
+        Some("mysql") => {
+            let b = crate::backend::sql::mysql::MysqlBackend::connect(url).await?;
+            tracing::info!(backend = name, url = %b.url(), "dlock: MySQL backend registered");
+            register(name, b);
+            return Ok(());
+        }
+        #[allow(unreachable_patterns)]
+        Some(s @ ("postgres" | "postgresql" | "mysql")) => {
+            return Err(LockError::Config(format!(
+                "`{s}://` URLs need dlock's `{}` feature",
+                if s == "mysql" { "mysql" } else { "postgres" }
+            )));
+        }
+        _ => {}
+    }
+    #[cfg(feature = "zookeeper")]
+    if url.starts_with("zk://") {
+        register(name, crate::ZookeeperBackend::connect(url).await?);
+        return Ok(());
+    }
+    #[cfg(feature = "etcd")]
+    if url.starts_with("etcd://") {
+        register(name, crate::EtcdBackend::connect(url).await?);
+        return Ok(());
+    }
+    #[cfg(not(feature = "etcd"))]
+    if url.starts_with("etcd://") {
+        return Err(LockError::Config(
+            "`etcd://` URLs need dlock's `etcd` feature".into(),
+        ));
+    }
     let backend = RedisBackend::connect(url).await?;
     tracing::info!(backend = name, url = %backend.url(), "dlock: Redis backend registered");
     register(name, backend);
@@ -66,4 +110,21 @@ pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
         name: name.to_string(),
         known,
     })
+}
+
+#[cfg(feature = "cluster")]
+/// Connects to a Redis Cluster through its seed nodes and registers it under `name`
+/// (replacing what was there). `urls` is any iterable of URL strings:
+/// `&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]` or a `Vec<String>`. Knobs (timeouts,
+/// ACL user, TLS root) are on [`crate::ClusterBackend::builder`]; register the result with
+/// [`crate::register`].
+pub async fn init_cluster<I, S>(name: &str, urls: I) -> Result<(), LockError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let backend = crate::backend::cluster::ClusterBackend::connect(urls).await?;
+    tracing::info!(backend = name, seeds = %backend.seeds(), "dlock: Redis Cluster backend registered");
+    register(name, backend);
+    Ok(())
 }

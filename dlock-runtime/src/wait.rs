@@ -131,6 +131,18 @@ impl WaitQueues {
         }
     }
 
+    /// For every name, wakes its first waiter unless one of its waiters is already woken (a
+    /// backend that cannot observe every release re-checks with this now and then).
+    pub fn wake_first_of_each(&self) {
+        for q in self.lock().values() {
+            if !q.slots.iter().any(|s| s.woken.load(Ordering::Acquire))
+                && let Some(s) = q.slots.front()
+            {
+                s.wake();
+            }
+        }
+    }
+
     /// Number of waiters over all names (for tests and metrics).
     pub fn waiter_count(&self) -> usize {
         self.lock().values().map(|q| q.slots.len()).sum()

@@ -122,6 +122,26 @@ pub(crate) fn arm(hold: &Arc<Hold>) {
     schedule(hold, at);
 }
 
+/// After an extend: the next renewal at `next_renewal`, the deadline event at the (maybe
+/// earlier) new deadline.
+pub(crate) fn rescheduled(hold: &Arc<Hold>, next_renewal: Instant) {
+    let Some(slot) = hold.slot() else { return };
+    let renewing = {
+        let mut r = lock(&slot.renewing);
+        r.1 = next_renewal;
+        r.0
+    };
+    let deadline = hold.deadline();
+    schedule(
+        hold,
+        if renewing {
+            next_renewal.min(deadline)
+        } else {
+            deadline
+        },
+    );
+}
+
 /// Takes the hold off the queue (release or drop). The stop token is already cancelled.
 pub(crate) fn stop(hold: &Hold) {
     let Some(slot) = hold.slot() else { return };
@@ -216,6 +236,7 @@ fn event(h: &Arc<Hold>, now: Instant) {
 
 /// One renewal; transient errors are retried until the lease would have run out.
 async fn renew(h: Arc<Hold>) {
+    let epoch = h.epoch();
     let ttl = h.ttl();
     let sent = Instant::now();
     let extend = h.backend.extend(&h.name, &h.owner, ttl);
@@ -226,14 +247,18 @@ async fn renew(h: Arc<Hold>) {
     };
     let next = match r {
         Ok(Ok(Extended::Extended)) => {
-            h.confirm(sent, ttl, false);
+            if !h.confirm(sent, ttl, false, epoch) {
+                // An extend was sent meanwhile: it set the lease and rescheduled this hold.
+                return;
+            }
             let rtt = sent.elapsed();
             if rtt > ttl / 5 {
                 tracing::warn!(key = %h.name, rtt_ms = rtt.as_millis() as u64, "dlock: renewal confirmed with less than 20% of the lease left");
             } else {
                 tracing::trace!(key = %h.name, rtt_us = rtt.as_micros() as u64, "dlock: renewed");
             }
-            sent + ttl / 3
+            // A third of the lease the guard counts on (ttl minus the backend's margin).
+            sent + ttl.saturating_sub(h.backend.lease_margin(ttl)) / 3
         }
         Ok(Ok(Extended::Lost)) => {
             h.mark_lost(LostReason::NotOwner);

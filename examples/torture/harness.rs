@@ -28,6 +28,10 @@ use serde_json::{Value, json};
 
 use crate::checker::{self, Report};
 
+/// The loopback TCP proxy of the test harness, between the workers and the lock server.
+#[path = "../../tests/common/proxy.rs"]
+mod proxy;
+
 /// The lock every worker contends for, and its Redis hash.
 pub(crate) const LOCK_NAME: &str = "torture";
 const LOCK_HASH: &str = "dlock:{torture}";
@@ -196,10 +200,16 @@ pub(crate) struct RedisServer {
     pub(crate) port: u16,
     dir: PathBuf,
     child: Option<Child>,
+    /// Extra arguments (`--replicaof ...` for a Sentinel replica).
+    extra: Vec<String>,
 }
 
 impl RedisServer {
     pub(crate) fn start(dir: &Path) -> io::Result<RedisServer> {
+        Self::start_with(dir, &[])
+    }
+
+    pub(crate) fn start_with(dir: &Path, extra: &[String]) -> io::Result<RedisServer> {
         std::fs::create_dir_all(dir)?;
         let mut last = None;
         for _ in 0..5 {
@@ -207,6 +217,7 @@ impl RedisServer {
                 port: free_port()?,
                 dir: dir.to_path_buf(),
                 child: None,
+                extra: extra.to_vec(),
             };
             match s.spawn() {
                 Ok(()) => return Ok(s),
@@ -234,6 +245,7 @@ impl RedisServer {
             "no",
         ])
         .args(["--enable-debug-command", "local", "--logfile", ""])
+        .args(&self.extra)
         .arg("--dir")
         .arg(&self.dir)
         .stdin(Stdio::null())
@@ -333,6 +345,39 @@ const U_LOG: &str = "res:u:log";
 // ---------------------------------------------------------------------------------------------
 // Worker
 // ---------------------------------------------------------------------------------------------
+
+/// Which lock service the workers use (`--engine`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// One redis-server, reached through the fault proxy.
+    Redis,
+    /// Redlock over three independent redis-servers.
+    Redlock,
+    /// A Sentinel-managed master with one replica and three sentinels (feature `sentinel`).
+    Sentinel,
+}
+
+impl Engine {
+    pub(crate) fn parse(s: &str) -> Option<Engine> {
+        match s {
+            "redis" => Some(Engine::Redis),
+            "redlock" => Some(Engine::Redlock),
+            "sentinel" => Some(Engine::Sentinel),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Engine::Redis => "redis",
+            Engine::Redlock => "redlock",
+            Engine::Sentinel => "sentinel",
+        }
+    }
+}
+
+/// The Sentinel master name of the torture's Sentinel set.
+const SENTINEL_MASTER: &str = "tortmaster";
 
 /// Which lock the workers use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -487,13 +532,24 @@ async fn worker(log: Arc<Log>) -> i32 {
         let _ = g.release().await;
         p
     };
+    let zk_hosts = std::env::var("TORTURE_ZK_HOSTS").unwrap_or_default();
     let backend: Arc<dyn Backend> = match mode {
         Mode::NoExclude => Arc::new(NoExclude::default()),
+        #[cfg(feature = "zookeeper")]
+        Mode::Dlock | Mode::NoRenew if !zk_hosts.is_empty() => {
+            zkens::worker_backend(&zk_hosts, ttl, &log).await
+        }
         Mode::Dlock | Mode::NoRenew => {
+            assert!(
+                zk_hosts.is_empty(),
+                "ZooKeeper mode needs the `zookeeper` feature"
+            );
+            let engine = Engine::parse(&std::env::var("TORTURE_ENGINE").unwrap_or_default())
+                .unwrap_or(Engine::Redis);
             let mut tries = 0;
             loop {
-                match RedisBackend::connect(&lock_url).await {
-                    Ok(b) => break Arc::new(b),
+                match connect_engine(engine, &lock_url).await {
+                    Ok(b) => break b,
                     Err(e) if tries < 50 => {
                         tries += 1;
                         log.line(
@@ -537,8 +593,34 @@ async fn worker(log: Arc<Log>) -> i32 {
     code
 }
 
-fn deadline_of(g: &LockGuard) -> u64 {
-    mono() + g.remaining().as_nanos() as u64
+/// The worker's backend for `engine`; `urls` is one URL (Redis) or a comma-separated list
+/// (Redlock's nodes, Sentinel's sentinels).
+async fn connect_engine(engine: Engine, urls: &str) -> Result<Arc<dyn Backend>, LockError> {
+    let list: Vec<&str> = urls.split(',').filter(|u| !u.is_empty()).collect();
+    Ok(match engine {
+        Engine::Redis => Arc::new(RedisBackend::connect(urls).await?),
+        Engine::Redlock => Arc::new(dlock::RedlockBackend::connect(list).await?),
+        #[cfg(feature = "sentinel")]
+        Engine::Sentinel => Arc::new(dlock::SentinelBackend::connect(SENTINEL_MASTER, list).await?),
+        #[cfg(not(feature = "sentinel"))]
+        Engine::Sentinel => {
+            return Err(LockError::Config(
+                "the Sentinel engine needs the `sentinel` feature".into(),
+            ));
+        }
+    })
+}
+
+/// The guard's deadline on the `mono()` clock, or `None` once it has passed. A passed deadline
+/// lies somewhere before now, and `now + 0` would log it too late: a worker stopped between its
+/// grant and this read (the nemesis's SIGSTOP of a fresh holder) would then claim a lease up to
+/// the moment it resumed, and the checker would count every grant made meanwhile as a
+/// lease-invariant violation. `now` is read first, so a pause between the two reads can only
+/// make the logged deadline earlier than the true one.
+fn deadline_of(g: &LockGuard) -> Option<u64> {
+    let now = mono();
+    let rem = g.remaining();
+    (!rem.is_zero()).then(|| now + rem.as_nanos() as u64)
 }
 
 async fn task_loop(ctx: Arc<Ctx>, task: u64) {
@@ -584,7 +666,8 @@ async fn task_loop(ctx: Arc<Ctx>, task: u64) {
         done.cancel();
         let rel = match g.release().await {
             Ok(()) => "ok",
-            Err(LockError::NotOwner { .. }) => "not_owner",
+            // The lease was gone: the guard knew it (Lost, at once) or the server said so.
+            Err(LockError::NotOwner { .. } | LockError::Lost { .. }) => "not_owner",
             Err(_) => "err",
         };
         ctx.log.line(json!({"ev": "rel", "task": task, "seq": seq, "t_send": t_rel, "t_done": mono(), "rel": rel, "dl": dl}));
@@ -603,7 +686,7 @@ async fn body(
     rng: &mut Rng,
 ) {
     let token = g.fencing_token().to_string();
-    let op = |kind: &str, fenced: bool, accepted: bool, t: u64, dl: u64| {
+    let op = |kind: &str, fenced: bool, accepted: bool, t: u64, dl: Option<u64>| {
         ctx.log.line(
             json!({"ev": "op", "task": task, "seq": seq, "kind": kind, "fenced": fenced,
             "accepted": accepted, "t": t, "t_done": mono(), "dl": dl}),
@@ -699,9 +782,13 @@ pub(crate) struct RunCfg {
     pub(crate) wait_ms: u64,
     pub(crate) body_us: u64,
     pub(crate) mode: Mode,
+    pub(crate) engine: Engine,
     pub(crate) dir: PathBuf,
     pub(crate) seed: u64,
     pub(crate) verbose: bool,
+    /// Lock on a private 3-server ZooKeeper ensemble instead of Redis (feature `zookeeper`); the
+    /// nemesis then kills ensemble members and pauses or kills holders.
+    pub(crate) zookeeper: bool,
 }
 
 impl RunCfg {
@@ -716,9 +803,11 @@ impl RunCfg {
             wait_ms: 5000,
             body_us: 500,
             mode: Mode::Dlock,
+            engine: Engine::Redis,
             dir,
             seed: mono(),
             verbose: false,
+            zookeeper: false,
         }
     }
 }
@@ -744,12 +833,21 @@ struct Slot {
 struct Coordinator<'a> {
     cfg: &'a RunCfg,
     cmd: &'a WorkerCmd,
-    lock_srv: RedisServer,
+    /// The lock servers: one (Redis), the Redlock nodes, or the Sentinel master and replica.
+    nodes: Vec<RedisServer>,
+    sentinels: Vec<SentinelServer>,
+    /// Engine Redis: workers reach the lock server through it (partition faults); the nemesis
+    /// talks directly.
+    lock_proxy: Option<proxy::Proxy>,
+    /// What workers connect to (see `connect_engine`).
+    lock_url: String,
     res_url: String,
     end: u64,
     slots: Vec<Slot>,
     faults: File,
     crashed: usize,
+    #[cfg(feature = "zookeeper")]
+    zk: Option<zkens::Ensemble>,
 }
 
 impl Coordinator<'_> {
@@ -772,9 +870,11 @@ impl Coordinator<'_> {
             .env("TORTURE_WAIT_MS", self.cfg.wait_ms.to_string())
             .env("TORTURE_BODY_US", self.cfg.body_us.to_string())
             .env("TORTURE_MODE", self.cfg.mode.as_str())
+            .env("TORTURE_ENGINE", self.cfg.engine.as_str())
             .env("TORTURE_END_NS", self.end.to_string())
-            .env("TORTURE_LOCK_URL", self.lock_srv.url())
+            .env("TORTURE_LOCK_URL", &self.lock_url)
             .env("TORTURE_RES_URL", &self.res_url)
+            .env("TORTURE_ZK_HOSTS", self.zk_hosts())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
@@ -838,10 +938,42 @@ impl Coordinator<'_> {
         }
     }
 
-    /// The slot whose process holds the lock now, found through the owner ids in the lock hash.
+    fn zk_hosts(&self) -> String {
+        #[cfg(feature = "zookeeper")]
+        if let Some(z) = &self.zk {
+            return z.hosts();
+        }
+        String::new()
+    }
+
+    /// The slot whose process holds the lock now, found through the owner ids in the lock hash
+    /// (ZooKeeper: the session owning the lowest node, matched to the sessions workers log).
     fn holder(&self, rng: &mut Rng) -> (usize, bool) {
+        #[cfg(feature = "zookeeper")]
+        if let Some(z) = &self.zk {
+            for _ in 0..40 {
+                if let Some(sid) = z.holder_session() {
+                    let needle = format!("\"sid\":\"{sid}\"");
+                    if let Some(i) = self.slots.iter().position(|s| {
+                        std::fs::read_to_string(
+                            self.cfg
+                                .dir
+                                .join(format!("w{:02}-g{:03}.jsonl", s.idx, s.generation)),
+                        )
+                        .is_ok_and(|t| t.contains(&needle))
+                    }) {
+                        return (i, true);
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            return (rng.range(0, self.slots.len() as u64) as usize, false);
+        }
         for _ in 0..40 {
-            if let Ok(r) = self.lock_srv.cmd(&["HKEYS", LOCK_HASH]) {
+            for node in &self.nodes {
+                let Ok(r) = node.cmd(&["HKEYS", LOCK_HASH]) else {
+                    continue;
+                };
                 for owner in r.strings() {
                     let prefix = owner.split(':').next().unwrap_or("");
                     if let Some(i) = self.slots.iter().position(|s| s.prefix == prefix) {
@@ -871,6 +1003,184 @@ impl Coordinator<'_> {
         Ok(())
     }
 
+    /// Process faults on the workers, shared by every engine: SIGKILL the holder (respawned), or
+    /// SIGSTOP it past its lease.
+    fn worker_fault(&mut self, rng: &mut Rng, kill: bool) -> io::Result<()> {
+        let (i, holder) = self.holder(rng);
+        let pid = self.slots[i].child.id();
+        let t = mono();
+        if kill {
+            signal(pid, libc::SIGKILL);
+            let _ = self.slots[i].child.wait();
+            let (idx, generation) = (self.slots[i].idx, self.slots[i].generation + 1);
+            self.slots[i] = self.spawn_worker(idx, generation)?;
+            self.fault("kill_holder", t, mono(), Some(pid), false, holder);
+        } else {
+            signal(pid, libc::SIGSTOP);
+            std::thread::sleep(Duration::from_millis(rng.range(1500, 3001)));
+            signal(pid, libc::SIGCONT);
+            self.fault("stop_holder", t, mono(), Some(pid), false, holder);
+        }
+        Ok(())
+    }
+
+    /// Redlock's faults: worker faults, and node faults that keep or break the majority. A
+    /// restarted node comes back empty (no persistence); the restarted-node rule must keep it
+    /// out of quorums for a ttl, so a minority restart is not a state loss. Restarting a
+    /// majority at once is (marked `state_loss`).
+    fn redlock_fault(&mut self, rng: &mut Rng) -> io::Result<()> {
+        let n = self.nodes.len();
+        let node = rng.range(0, n as u64) as usize;
+        match rng.range(0, 7) {
+            0 => self.worker_fault(rng, true)?,
+            1 => self.worker_fault(rng, false)?,
+            2 => {
+                let t = mono();
+                self.nodes[node].restart()?;
+                self.fault("restart_node", t, mono(), None, false, true);
+            }
+            3 => {
+                // Down for 1.5–3 s, then back empty.
+                let t = mono();
+                self.nodes[node].kill();
+                std::thread::sleep(Duration::from_millis(rng.range(1500, 3001)));
+                self.nodes[node].restart()?;
+                self.fault("kill_node", t, mono(), None, false, true);
+            }
+            4 => {
+                let t = mono();
+                let _ = self.nodes[node].cmd(&["CLIENT", "PAUSE", "1500"]);
+                std::thread::sleep(Duration::from_millis(1500));
+                self.fault("pause_node", t, mono(), None, false, true);
+            }
+            5 => {
+                let t = mono();
+                let _ = redis_cmd(
+                    self.nodes[node].port,
+                    &["DEBUG", "SLEEP", "1.5"],
+                    Duration::from_secs(10),
+                );
+                self.fault("sleep_node", t, mono(), None, false, true);
+            }
+            _ => {
+                let t = mono();
+                for i in 0..n / 2 + 1 {
+                    self.nodes[(node + i) % n].restart()?;
+                }
+                self.fault("restart_majority", t, mono(), None, true, true);
+            }
+        }
+        Ok(())
+    }
+
+    /// Index in `nodes` of the master the sentinels name now.
+    fn sentinel_master(&self) -> Option<usize> {
+        for s in &self.sentinels {
+            if let Ok(r) = redis_cmd(
+                s.port,
+                &["SENTINEL", "get-master-addr-by-name", SENTINEL_MASTER],
+                Duration::from_secs(2),
+            ) && let Some(port) = r.strings().get(1).and_then(|p| p.parse::<u16>().ok())
+            {
+                return self.nodes.iter().position(|n| n.port == port);
+            }
+        }
+        None
+    }
+
+    /// Waits (bounded) until the sentinels name a master other than `old`.
+    fn await_switch(&self, old: usize, within: Duration) -> bool {
+        let start = mono();
+        while mono() - start < within.as_nanos() as u64 {
+            if self.sentinel_master().is_some_and(|m| m != old) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        false
+    }
+
+    /// Waits (bounded) until node `i` reports itself a replica with its link up.
+    fn await_replica(&self, i: usize, within: Duration) {
+        let start = mono();
+        while mono() - start < within.as_nanos() as u64 {
+            if let Ok(Resp::Bulk(Some(info))) = self.nodes[i].cmd(&["INFO", "replication"])
+                && info.contains("role:slave")
+                && info.contains("master_link_status:up")
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Sentinel's faults: worker faults, `SENTINEL FAILOVER` and a master kill (the old master
+    /// comes back empty and the sentinels make it a replica), and stalls of the master. A
+    /// failover may lose recent grants (asynchronous replication): marked `state_loss`.
+    fn sentinel_fault(&mut self, rng: &mut Rng) -> io::Result<()> {
+        let Some(master) = self.sentinel_master() else {
+            std::thread::sleep(Duration::from_millis(500));
+            return Ok(());
+        };
+        match rng.range(0, 6) {
+            0 => self.worker_fault(rng, true)?,
+            1 => self.worker_fault(rng, false)?,
+            2 => {
+                let t = mono();
+                let s = self.sentinels[rng.range(0, self.sentinels.len() as u64) as usize].port;
+                let _ = redis_cmd(
+                    s,
+                    &["SENTINEL", "FAILOVER", SENTINEL_MASTER],
+                    Duration::from_secs(5),
+                );
+                let switched = self.await_switch(master, Duration::from_secs(15));
+                if switched {
+                    self.await_replica(master, Duration::from_secs(15));
+                }
+                self.fault(
+                    if switched {
+                        "sentinel_failover"
+                    } else {
+                        "sentinel_failover_refused"
+                    },
+                    t,
+                    mono(),
+                    None,
+                    switched,
+                    true,
+                );
+            }
+            3 => {
+                // The old master comes back empty and is a master of its own until the
+                // sentinels demote it: the state-loss window lasts until it is a replica.
+                let t = mono();
+                self.nodes[master].kill();
+                let switched = self.await_switch(master, Duration::from_secs(20));
+                self.nodes[master].restart()?;
+                self.await_replica(master, Duration::from_secs(15));
+                self.fault("kill_master", t, mono(), None, true, switched);
+            }
+            // Stalls shorter than the sentinels' down-after (1 s), so that they do not fail
+            // over: a slow master, not a failover (which the two faults above cover).
+            4 => {
+                let t = mono();
+                let _ = self.nodes[master].cmd(&["CLIENT", "PAUSE", "700"]);
+                std::thread::sleep(Duration::from_millis(700));
+                self.fault("pause_master", t, mono(), None, false, true);
+            }
+            _ => {
+                let t = mono();
+                let _ = redis_cmd(
+                    self.nodes[master].port,
+                    &["DEBUG", "SLEEP", "0.7"],
+                    Duration::from_secs(10),
+                );
+                self.fault("sleep_master", t, mono(), None, false, true);
+            }
+        }
+        Ok(())
+    }
+
     fn nemesis(&mut self, rng: &mut Rng) -> io::Result<()> {
         let mut next = mono() + rng.range(2_000, 4_000) * 1_000_000;
         // No new fault in the last 4 s, so that the run ends with the lock working.
@@ -880,7 +1190,26 @@ impl Coordinator<'_> {
                 self.reap()?;
             }
             let t0 = mono();
-            match rng.range(0, 5) {
+            #[cfg(feature = "zookeeper")]
+            if self.zk.is_some() {
+                self.zk_fault(rng)?;
+                next = t0 + rng.range(2_000, 3_501) * 1_000_000;
+                continue;
+            }
+            match self.cfg.engine {
+                Engine::Redis => {}
+                Engine::Redlock => {
+                    self.redlock_fault(rng)?;
+                    next = t0 + rng.range(2_000, 3_501) * 1_000_000;
+                    continue;
+                }
+                Engine::Sentinel => {
+                    self.sentinel_fault(rng)?;
+                    next = t0 + rng.range(2_000, 3_501) * 1_000_000;
+                    continue;
+                }
+            }
+            match rng.range(0, 7) {
                 0 => {
                     let (i, holder) = self.holder(rng);
                     let pid = self.slots[i].child.id();
@@ -902,20 +1231,38 @@ impl Coordinator<'_> {
                 }
                 2 => {
                     let t = mono();
-                    self.lock_srv.restart()?;
+                    self.nodes[0].restart()?;
                     self.fault("restart_redis", t, mono(), None, true, true);
                 }
                 3 => {
                     let t = mono();
-                    let r = self.lock_srv.cmd(&["CLIENT", "PAUSE", "1500"])?;
+                    let r = self.nodes[0].cmd(&["CLIENT", "PAUSE", "1500"])?;
                     assert_eq!(r, Resp::Simple("OK".into()), "CLIENT PAUSE");
                     std::thread::sleep(Duration::from_millis(1500));
                     self.fault("client_pause", t, mono(), None, false, true);
                 }
+                5 => {
+                    // Replies to every worker arrive 1.5 s late (more than the ttl) for 1.5 s.
+                    let t = mono();
+                    let p = self.lock_proxy.as_ref().expect("engine Redis has a proxy");
+                    p.set_mode(proxy::Mode::Delay(Duration::from_millis(1500)));
+                    std::thread::sleep(Duration::from_millis(1500));
+                    p.set_mode(proxy::Mode::Pass);
+                    self.fault("proxy_delay", t, mono(), None, false, true);
+                }
+                6 => {
+                    // Workers' bytes to and from the lock server are dropped for 1.5–2.5 s.
+                    let t = mono();
+                    let p = self.lock_proxy.as_ref().expect("engine Redis has a proxy");
+                    p.set_mode(proxy::Mode::Blackhole);
+                    std::thread::sleep(Duration::from_millis(rng.range(1500, 2501)));
+                    p.set_mode(proxy::Mode::Pass);
+                    self.fault("proxy_blackhole", t, mono(), None, false, true);
+                }
                 _ => {
                     let t = mono();
                     let r = redis_cmd(
-                        self.lock_srv.port,
+                        self.nodes[0].port,
                         &["DEBUG", "SLEEP", "1.5"],
                         Duration::from_secs(10),
                     )?;
@@ -923,10 +1270,398 @@ impl Coordinator<'_> {
                     self.fault("debug_sleep", t, mono(), None, false, true);
                 }
             }
-            next = t0 + rng.range(2_000, 4_001) * 1_000_000;
+            next = t0 + rng.range(2_000, 3_501) * 1_000_000;
         }
         Ok(())
     }
+}
+
+#[cfg(feature = "zookeeper")]
+impl Coordinator<'_> {
+    /// One ZooKeeper-mode fault: holder kill or pause (past the session timeout, which is the
+    /// ttl), or ensemble member kills (a follower or the leader: a minority; two members: the
+    /// majority), each restarted after 1.5–3 s.
+    fn zk_fault(&mut self, rng: &mut Rng) -> io::Result<()> {
+        match rng.range(0, 5) {
+            0 => {
+                let (i, holder) = self.holder(rng);
+                let pid = self.slots[i].child.id();
+                let t = mono();
+                signal(pid, libc::SIGKILL);
+                let _ = self.slots[i].child.wait();
+                let (idx, generation) = (self.slots[i].idx, self.slots[i].generation + 1);
+                self.slots[i] = self.spawn_worker(idx, generation)?;
+                self.fault("kill_holder", t, mono(), Some(pid), false, holder);
+            }
+            1 => {
+                let (i, holder) = self.holder(rng);
+                let pid = self.slots[i].child.id();
+                let t = mono();
+                signal(pid, libc::SIGSTOP);
+                // Past the session timeout (the ttl), so the session expires meanwhile.
+                std::thread::sleep(Duration::from_millis(
+                    self.cfg.ttl_ms + rng.range(500, 2001),
+                ));
+                signal(pid, libc::SIGCONT);
+                self.fault("stop_holder", t, mono(), Some(pid), false, holder);
+            }
+            k => {
+                let z = self.zk.as_mut().expect("zk");
+                let leader = z.leader();
+                let victims: Vec<usize> = match (k, leader) {
+                    (2, Some(l)) => vec![(l + 1) % 3],
+                    (3, Some(l)) => vec![l],
+                    (_, Some(l)) => vec![l, (l + 1) % 3],
+                    (_, None) => vec![rng.range(0, 3) as usize],
+                };
+                let kind = match (k, victims.len()) {
+                    (_, 2) => "zk_kill_majority",
+                    (3, _) => "zk_kill_leader",
+                    _ => "zk_kill_follower",
+                };
+                let t = mono();
+                for &v in &victims {
+                    z.kill(v);
+                }
+                std::thread::sleep(Duration::from_millis(rng.range(1500, 3001)));
+                for &v in &victims {
+                    z.spawn(v)?;
+                }
+                self.fault(kind, t, mono(), None, false, true);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A private 3-server ZooKeeper ensemble for the torture's ZooKeeper mode, and the worker side.
+#[cfg(feature = "zookeeper")]
+mod zkens {
+    use super::*;
+
+    pub(crate) struct Ensemble {
+        dir: PathBuf,
+        ports: Vec<(u16, u16, u16)>,
+        children: Vec<Option<Child>>,
+    }
+
+    fn classpath() -> String {
+        [
+            "zookeeper.jar",
+            "zookeeper-jute.jar",
+            "slf4j-api.jar",
+            "slf4j-nop.jar",
+            "netty-all.jar",
+            "metrics-core.jar",
+            "commons-cli.jar",
+            "commons-io.jar",
+        ]
+        .iter()
+        .map(|j| Path::new("/usr/share/java").join(j))
+        .filter(|p| p.exists())
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":")
+    }
+
+    fn four_letter(port: u16, cmd: &str) -> Option<String> {
+        use std::io::Read;
+        let mut s = TcpStream::connect_timeout(
+            &format!("127.0.0.1:{port}").parse().ok()?,
+            Duration::from_millis(500),
+        )
+        .ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+        s.write_all(cmd.as_bytes()).ok()?;
+        let mut out = String::new();
+        s.read_to_string(&mut out).ok()?;
+        Some(out)
+    }
+
+    impl Ensemble {
+        pub(crate) fn start(dir: &Path) -> io::Result<Ensemble> {
+            let mut ports = Vec::new();
+            for _ in 0..3 {
+                ports.push((free_port()?, free_port()?, free_port()?));
+            }
+            let mut e = Ensemble {
+                dir: dir.to_path_buf(),
+                ports,
+                children: vec![None, None, None],
+            };
+            for i in 0..3 {
+                e.spawn(i)?;
+            }
+            let start = mono();
+            while !(0..3).all(|i| e.mode(i).is_some()) {
+                if mono() - start > 90_000_000_000 {
+                    return Err(io::Error::other(
+                        "the ZooKeeper ensemble did not form in 90 s",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            Ok(e)
+        }
+
+        pub(crate) fn spawn(&mut self, i: usize) -> io::Result<()> {
+            self.kill(i);
+            let home = self.dir.join(format!("zk{}", i + 1));
+            let data = home.join("data");
+            std::fs::create_dir_all(&data)?;
+            std::fs::write(data.join("myid"), format!("{}\n", i + 1))?;
+            let mut cfg = format!(
+                "tickTime=250\ninitLimit=40\nsyncLimit=8\ndataDir={}\nclientPort={}\n\
+                 clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n\
+                 maxClientCnxns=0\nextendedTypesEnabled=true\ncnxTimeout=500\n",
+                data.display(),
+                self.ports[i].0
+            );
+            for (j, (_, q, el)) in self.ports.iter().enumerate() {
+                cfg.push_str(&format!("server.{}=127.0.0.1:{q}:{el}\n", j + 1));
+            }
+            std::fs::write(home.join("zoo.cfg"), cfg)?;
+            let log = OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(home.join("zk.log"))?;
+            let mut cmd = Command::new("java");
+            cmd.args(["-Xmx192m", "-XX:+UseSerialGC"])
+                .arg("-Dznode.container.checkIntervalMs=500")
+                .arg("-cp")
+                .arg(classpath())
+                .arg("org.apache.zookeeper.server.quorum.QuorumPeerMain")
+                .arg(home.join("zoo.cfg"))
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log);
+            self.children[i] = Some(spawn_tied(&mut cmd)?);
+            Ok(())
+        }
+
+        pub(crate) fn kill(&mut self, i: usize) {
+            if let Some(mut c) = self.children[i].take() {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+
+        fn mode(&self, i: usize) -> Option<String> {
+            let srvr = four_letter(self.ports[i].0, "srvr")?;
+            let line = srvr.lines().find(|l| l.starts_with("Mode: "))?;
+            Some(line["Mode: ".len()..].trim().to_string())
+        }
+
+        pub(crate) fn leader(&self) -> Option<usize> {
+            (0..3).find(|&i| self.mode(i).as_deref() == Some("leader"))
+        }
+
+        pub(crate) fn hosts(&self) -> String {
+            self.ports
+                .iter()
+                .map(|(c, _, _)| format!("127.0.0.1:{c}"))
+                .collect::<Vec<_>>()
+                .join(",")
+        }
+
+        /// The session (hex, as workers log it) owning the lowest node of the torture lock,
+        /// from the leader's `dump`.
+        pub(crate) fn holder_session(&self) -> Option<String> {
+            let dump = four_letter(self.ports[self.leader()?].0, "dump")?;
+            let dir = format!("/dlock/{LOCK_NAME}/");
+            let mut session = None;
+            let mut best: Option<(u64, String)> = None;
+            for line in dump.lines() {
+                let l = line.trim();
+                if let Some(hex) = l.strip_prefix("0x").and_then(|x| x.strip_suffix(':')) {
+                    session = Some(hex.to_string());
+                } else if let (Some(rest), Some(sid)) = (l.strip_prefix(&dir), &session)
+                    && let Some(seq) = rest.rsplit("-lock-").next().and_then(|q| q.parse().ok())
+                    && best.as_ref().is_none_or(|(b, _)| seq < *b)
+                {
+                    best = Some((seq, sid.clone()));
+                }
+            }
+            best.map(|(_, s)| s)
+        }
+    }
+
+    impl Drop for Ensemble {
+        fn drop(&mut self) {
+            for i in 0..3 {
+                self.kill(i);
+            }
+        }
+    }
+
+    /// A worker's backend: session timeout = the ttl (the guard's lease), requests bounded by it;
+    /// logs its session id (hex) now and whenever a new session replaces it, so the nemesis can
+    /// find the holder's process.
+    pub(crate) async fn worker_backend(
+        hosts: &str,
+        ttl: Duration,
+        log: &Arc<Log>,
+    ) -> Arc<dyn Backend> {
+        let mut tries = 0;
+        let b = loop {
+            match dlock::ZookeeperBackend::builder(hosts)
+                .session_timeout(ttl)
+                .request_timeout(ttl.max(Duration::from_millis(500)))
+                .build()
+                .await
+            {
+                Ok(b) => break b,
+                Err(e) if tries < 50 => {
+                    tries += 1;
+                    log.line(json!({"ev": "connect_retry", "t": mono(), "what": e.to_string()}));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("cannot connect to ZooKeeper: {e}"),
+            }
+        };
+        let (b2, log) = (b.clone(), log.clone());
+        tokio::spawn(async move {
+            let mut last = 0;
+            loop {
+                let sid = b2.session_id();
+                if sid != last {
+                    log.line(json!({"ev": "zk_session", "t": mono(), "sid": format!("{sid:x}")}));
+                    last = sid;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+        Arc::new(b)
+    }
+}
+
+/// A sentinel process (`redis-server conf --sentinel`), killed on drop.
+pub(crate) struct SentinelServer {
+    pub(crate) port: u16,
+    child: Child,
+}
+
+impl SentinelServer {
+    fn start(dir: &Path, master_port: u16) -> io::Result<SentinelServer> {
+        std::fs::create_dir_all(dir)?;
+        let mut last = None;
+        for _ in 0..5 {
+            let port = free_port()?;
+            let conf = dir.join(format!("sentinel-{port}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\nsentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\nsentinel failover-timeout {SENTINEL_MASTER} 5000\n\
+                     sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                    dir.display()
+                ),
+            )?;
+            let mut cmd = Command::new("redis-server");
+            cmd.arg(&conf)
+                .arg("--sentinel")
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            let mut child = spawn_tied(&mut cmd)?;
+            let start = mono();
+            while mono() - start < 5_000_000_000 {
+                if let Ok(Resp::Simple(p)) = redis_cmd(port, &["PING"], Duration::from_secs(1))
+                    && p == "PONG"
+                {
+                    return Ok(SentinelServer { port, child });
+                }
+                if let Ok(Some(_)) = child.try_wait() {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+            last = Some(io::Error::other("sentinel did not start"));
+        }
+        Err(last.unwrap_or_else(|| io::Error::other("sentinel did not start")))
+    }
+}
+
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+type Engineset = (
+    Vec<RedisServer>,
+    Vec<SentinelServer>,
+    Option<proxy::Proxy>,
+    String,
+);
+
+/// Starts the lock servers of `cfg.engine` and says what workers connect to.
+fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
+    Ok(match cfg.engine {
+        Engine::Redis => {
+            let srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
+            let proxy = proxy::Proxy::start(srv.port);
+            let url = proxy.url();
+            (vec![srv], Vec::new(), Some(proxy), url)
+        }
+        Engine::Redlock => {
+            let nodes = (0..3)
+                .map(|i| RedisServer::start(&cfg.dir.join(format!("redis-node{i}"))))
+                .collect::<io::Result<Vec<_>>>()?;
+            let urls = nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",");
+            (nodes, Vec::new(), None, urls)
+        }
+        Engine::Sentinel => {
+            let master = RedisServer::start(&cfg.dir.join("redis-master"))?;
+            let replica = RedisServer::start_with(
+                &cfg.dir.join("redis-replica"),
+                &[
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port.to_string(),
+                ],
+            )?;
+            let sentinels = (0..3)
+                .map(|i| SentinelServer::start(&cfg.dir.join(format!("sentinel{i}")), master.port))
+                .collect::<io::Result<Vec<_>>>()?;
+            // Ready when every sentinel knows the replica and the other sentinels.
+            let start = mono();
+            loop {
+                let ready = sentinels.iter().all(|s| {
+                    let replicas = redis_cmd(
+                        s.port,
+                        &["SENTINEL", "replicas", SENTINEL_MASTER],
+                        Duration::from_secs(2),
+                    );
+                    let peers = redis_cmd(
+                        s.port,
+                        &["SENTINEL", "sentinels", SENTINEL_MASTER],
+                        Duration::from_secs(2),
+                    );
+                    matches!(replicas, Ok(Resp::Array(ref a)) if !a.is_empty())
+                        && matches!(peers, Ok(Resp::Array(ref a)) if a.len() >= 2)
+                });
+                if ready {
+                    break;
+                }
+                if mono() - start > 60_000_000_000 {
+                    return Err(io::Error::other(
+                        "sentinels did not discover the replica and each other within 60 s",
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            }
+            let urls = sentinels
+                .iter()
+                .map(|s| format!("redis://127.0.0.1:{}", s.port))
+                .collect::<Vec<_>>()
+                .join(",");
+            (vec![master, replica], sentinels, None, urls)
+        }
+    })
 }
 
 /// Runs the torture: servers, `cfg.workers` worker processes, the nemesis (if on), then the
@@ -940,8 +1675,15 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
             std::fs::remove_file(p)?;
         }
     }
-    let lock_srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
+    let (nodes, sentinels, lock_proxy, lock_url) = start_engine(cfg)?;
     let res_srv = RedisServer::start(&cfg.dir.join("redis-resource"))?;
+    #[cfg(feature = "zookeeper")]
+    let zk = if cfg.zookeeper {
+        // Formed before the clock starts: the JVMs take seconds.
+        Some(zkens::Ensemble::start(&cfg.dir)?)
+    } else {
+        None
+    };
     let mut rng = Rng::new(cfg.seed);
     // Workers start before the clock runs, so the run length is time spent contending.
     let startup_allowance = 3_000_000_000;
@@ -949,26 +1691,38 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     let mut co = Coordinator {
         cfg,
         cmd,
-        lock_srv,
+        nodes,
+        sentinels,
+        lock_proxy,
+        lock_url,
         res_url: res_srv.url(),
         end,
         slots: Vec::new(),
         faults: File::create(cfg.dir.join("faults.jsonl"))?,
         crashed: 0,
+        #[cfg(feature = "zookeeper")]
+        zk,
     };
+    #[cfg(not(feature = "zookeeper"))]
+    if cfg.zookeeper {
+        return Err(io::Error::other(
+            "ZooKeeper mode needs `--features zookeeper`",
+        ));
+    }
     for idx in 0..cfg.workers {
         let slot = co.spawn_worker(idx, 0)?;
         co.slots.push(slot);
     }
     if cfg.verbose {
         eprintln!(
-            "torture: {} workers × {} tasks, mode {}, ttl {} ms, nemesis {}, lock server :{}, resource :{}, logs in {}",
+            "torture: {} workers × {} tasks, mode {}, engine {}, ttl {} ms, nemesis {}, lock servers {:?}, resource :{}, logs in {}",
             cfg.workers,
             cfg.tasks,
             cfg.mode.as_str(),
+            cfg.engine.as_str(),
             cfg.ttl_ms,
             cfg.nemesis,
-            co.lock_srv.port,
+            co.nodes.iter().map(|n| n.port).collect::<Vec<_>>(),
             res_srv.port,
             cfg.dir.display()
         );

@@ -8,6 +8,8 @@
 //! message (`scripts/test` installs it); nothing is skipped silently.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod proxy;
+
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader};
 use std::net::TcpListener;
@@ -20,6 +22,13 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use dlock::{Backend, Lock, MemoryBackend, RedisBackend};
+
+#[cfg(feature = "cluster")]
+pub mod cluster;
+pub mod redlock;
+#[cfg(feature = "sentinel")]
+pub mod sentinel;
+pub mod sql;
 
 // ---------------------------------------------------------------------------------------------
 // Spawning children
@@ -126,9 +135,16 @@ pub struct RedisProc {
     extra: Vec<String>,
     child: Option<Child>,
     paused: bool,
+    /// Extra environment of the server process (e.g. libfaketime's `LD_PRELOAD`).
+    envs: Vec<(String, String)>,
 }
 
-fn free_port() -> u16 {
+/// A free loopback port (for the engine harnesses in sibling modules).
+pub fn free_port_pub() -> u16 {
+    free_port()
+}
+
+pub(crate) fn free_port() -> u16 {
     let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
     l.local_addr().expect("local addr").port()
 }
@@ -141,12 +157,18 @@ impl RedisProc {
 
     /// Starts a server with extra arguments appended (e.g. `["--appendonly", "yes"]`).
     pub fn start_with(extra: &[&str]) -> RedisProc {
+        Self::start_with_env(extra, &[])
+    }
+
+    /// Like [`RedisProc::start_with`], with extra environment variables for the server process.
+    pub fn start_with_env(extra: &[&str], envs: &[(String, String)]) -> RedisProc {
         let mut p = RedisProc {
             port: 0,
             dir: TempDir::new("redis"),
             extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
             paused: false,
+            envs: envs.to_vec(),
         };
         let mut last_err = String::new();
         for _ in 0..8 {
@@ -182,6 +204,7 @@ impl RedisProc {
             .arg("--logfile")
             .arg("")
             .args(&self.extra)
+            .envs(self.envs.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.try_clone().map_err(|e| e.to_string())?)
             .stderr(log);
@@ -329,7 +352,7 @@ pub fn parse_commandstats(info: &str) -> std::collections::BTreeMap<String, u64>
     out
 }
 
-fn ping(url: &str) -> bool {
+pub(crate) fn ping(url: &str) -> bool {
     let Ok(client) = redis::Client::open(url) else {
         return false;
     };
@@ -351,15 +374,46 @@ fn ping(url: &str) -> bool {
 pub enum Kind {
     Redis,
     Memory,
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mysql,
+    /// Redlock over several private redis-servers (`tests/common/redlock.rs`).
+    Redlock,
+    /// A private standalone ZooKeeper (feature `zookeeper`, `tests/common/zookeeper.rs`).
+    #[cfg(feature = "zookeeper")]
+    Zookeeper,
+    /// A private Redis Cluster (feature `cluster`, `tests/common/cluster.rs`).
+    #[cfg(feature = "cluster")]
+    Cluster,
+    /// A private single-member etcd (feature `etcd`, `tests/common/etcd.rs`).
+    #[cfg(feature = "etcd")]
+    Etcd,
+    /// PostgreSQL's advisory-lock mode (session locks) on the machine's PostgreSQL.
+    #[cfg(feature = "postgres")]
+    PgAdvisory,
 }
+
+#[cfg(feature = "etcd")]
+pub mod etcd;
+#[cfg(feature = "zookeeper")]
+pub mod zookeeper;
 
 /// A test environment: a fresh backend (and, for Redis, its private server).
 #[derive(Debug)]
 pub struct Env {
     pub kind: Kind,
     pub server: Option<RedisProc>,
+    /// The nodes of a Redlock environment (empty otherwise).
+    pub nodes: Vec<RedisProc>,
+    /// Other processes the environment keeps alive (e.g. the sentinels).
+    pub extra: Vec<Box<dyn std::any::Any + Send + Sync>>,
     mem: Option<Arc<MemoryBackend>>,
     primary: Arc<dyn Backend>,
+    /// The table of a database environment (`tests/common/sql.rs`).
+    pub db: Option<sql::DbEnv>,
+    #[cfg(feature = "zookeeper")]
+    zk: Option<(Arc<zookeeper::ZkProc>, dlock::ZookeeperBackend)>,
 }
 
 impl Env {
@@ -374,8 +428,13 @@ impl Env {
         Env {
             kind: Kind::Redis,
             server: Some(server),
+            nodes: Vec::new(),
+            extra: Vec::new(),
             mem: None,
             primary: Arc::new(b),
+            db: None,
+            #[cfg(feature = "zookeeper")]
+            zk: None,
         }
     }
 
@@ -385,9 +444,114 @@ impl Env {
         Env {
             kind: Kind::Memory,
             server: None,
+            nodes: Vec::new(),
+            extra: Vec::new(),
             primary: mem.clone(),
             mem: Some(mem),
+            db: None,
+            #[cfg(feature = "zookeeper")]
+            zk: None,
         }
+    }
+
+    /// A `PostgresBackend` on a table of its own in the machine's PostgreSQL.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres() -> Env {
+        let url = sql::pg_url();
+        let table = sql::unique_table("pg");
+        let b = sql::pg_backend(&url, &table).await;
+        Env {
+            kind: Kind::Postgres,
+            server: None,
+            nodes: Vec::new(),
+            extra: Vec::new(),
+            mem: None,
+            primary: Arc::new(b),
+            db: Some(sql::DbEnv { url, table }),
+            #[cfg(feature = "zookeeper")]
+            zk: None,
+        }
+    }
+
+    /// A `MysqlBackend` on a table of its own in the machine's MariaDB / MySQL.
+    #[cfg(feature = "mysql")]
+    pub async fn mysql() -> Env {
+        let url = sql::my_url();
+        let table = sql::unique_table("my");
+        let b = sql::my_backend(&url, &table).await;
+        Env {
+            kind: Kind::Mysql,
+            server: None,
+            nodes: Vec::new(),
+            extra: Vec::new(),
+            mem: None,
+            primary: Arc::new(b),
+            db: Some(sql::DbEnv { url, table }),
+            #[cfg(feature = "zookeeper")]
+            zk: None,
+        }
+    }
+
+    /// A `PostgresBackend` in advisory-lock mode; its table names the key space (and mints
+    /// the tokens), so tests running at the same time never share an advisory key.
+    #[cfg(feature = "postgres")]
+    pub async fn pg_advisory() -> Env {
+        let url = sql::pg_url();
+        let table = sql::unique_table("pga");
+        let b = sql::pg_advisory_backend(&url, &table).await;
+        Env {
+            kind: Kind::PgAdvisory,
+            server: None,
+            nodes: Vec::new(),
+            extra: Vec::new(),
+            mem: None,
+            primary: Arc::new(b),
+            db: Some(sql::DbEnv { url, table }),
+            #[cfg(feature = "zookeeper")]
+            zk: None,
+        }
+    }
+
+    /// The table of a database environment.
+    pub fn db(&self) -> &sql::DbEnv {
+        self.db.as_ref().expect("a database environment")
+    }
+
+    #[cfg(any(feature = "zookeeper", feature = "etcd"))]
+    fn with_primary(kind: Kind, primary: Arc<dyn Backend>) -> Env {
+        Env {
+            kind,
+            server: None,
+            nodes: Vec::new(),
+            extra: Vec::new(),
+            mem: None,
+            primary,
+            db: None,
+            #[cfg(feature = "zookeeper")]
+            zk: None,
+        }
+    }
+
+    /// True when a holder's lease ends by its ttl on the server (Redis, memory). False for a
+    /// session-based engine (ZooKeeper): a node lives as long as its session, whatever the ttl,
+    /// so tests of ttl expiry check the session-based equivalent instead.
+    pub fn lease_expires_by_ttl(&self) -> bool {
+        #[cfg(feature = "zookeeper")]
+        if self.kind == Kind::Zookeeper {
+            return false;
+        }
+        // etcd: the backend keeps its lease alive while a key uses it, so a key lives until
+        // released or until its process stops keeping the lease alive, like a session.
+        #[cfg(feature = "etcd")]
+        if self.kind == Kind::Etcd {
+            return false;
+        }
+        // Advisory locks live as long as the backend's session, whatever the ttl.
+        #[cfg(feature = "postgres")]
+        if self.kind == Kind::PgAdvisory {
+            return false;
+        }
+        true
     }
 
     pub fn is_redis(&self) -> bool {
@@ -417,6 +581,21 @@ impl Env {
                     .expect("second RedisBackend"),
             ),
             Kind::Memory => self.primary.clone(),
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => Arc::new(sql::pg_backend(&self.db().url, &self.db().table).await),
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => Arc::new(sql::my_backend(&self.db().url, &self.db().table).await),
+            Kind::Redlock => self.another_redlock().await,
+            #[cfg(feature = "zookeeper")]
+            Kind::Zookeeper => self.zk_another_backend().await,
+            #[cfg(feature = "cluster")]
+            Kind::Cluster => self.cluster_another_backend().await,
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => self.etcd_another_backend().await,
+            #[cfg(feature = "postgres")]
+            Kind::PgAdvisory => {
+                Arc::new(sql::pg_advisory_backend(&self.db().url, &self.db().table).await)
+            }
         }
     }
 
@@ -438,6 +617,20 @@ impl Env {
                 assert_eq!(n, 1, "the lock key of {name:?} existed");
             }
             Kind::Memory => assert!(self.mem.as_ref().unwrap().force_delete(name)),
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => assert_eq!(self.db().pg_delete(name).await, 1, "row of {name:?}"),
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => assert_eq!(self.db().my_delete(name).await, 1, "row of {name:?}"),
+            Kind::Redlock => self.redlock_force_delete(name).await,
+            #[cfg(feature = "zookeeper")]
+            Kind::Zookeeper => self.zk_force_delete(name).await,
+            #[cfg(feature = "cluster")]
+            Kind::Cluster => self.cluster_force_delete(name).await,
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => self.etcd_force_delete(name).await,
+            // An advisory lock goes only with its session: terminate the session holding it.
+            #[cfg(feature = "postgres")]
+            Kind::PgAdvisory => assert_eq!(self.db().pg_advisory_kill(name).await, 1, "{name:?}"),
         }
     }
 
@@ -468,6 +661,19 @@ impl Env {
                     Err(e) => panic!("probe failed: {e}"),
                 }
             }
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => self.db().pg_is_locked(name).await,
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => self.db().my_is_locked(name).await,
+            Kind::Redlock => self.redlock_locked_nodes(name).await > 0,
+            #[cfg(feature = "zookeeper")]
+            Kind::Zookeeper => self.zk_is_locked(name).await,
+            #[cfg(feature = "cluster")]
+            Kind::Cluster => self.cluster_exists(name).await,
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => self.etcd_is_locked(name).await,
+            #[cfg(feature = "postgres")]
+            Kind::PgAdvisory => self.db().pg_advisory_is_locked(name).await,
         }
     }
 
@@ -495,6 +701,77 @@ macro_rules! both_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $t() {
                     super::$t($crate::common::Env::memory()).await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::postgres().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod on_mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::mysql().await).await
+                }
+            )*
+        }
+        mod on_redlock {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::redlock(3).await).await
+                }
+            )*
+        }
+        #[cfg(feature = "sentinel")]
+        mod on_sentinel {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::sentinel().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "zookeeper")]
+        mod on_zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::zookeeper().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "cluster")]
+        mod on_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::cluster().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "etcd")]
+        mod on_etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::etcd().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod on_pg_advisory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::pg_advisory().await).await
                 }
             )*
         }

@@ -148,7 +148,8 @@ impl MemoryBackend {
         let now = Instant::now();
         let mut map = self.lock();
         match map.get_mut(name) {
-            Some(e) if e.expires > now && e.owner == owner => {
+            // A count of zero is a released lock kept taken by `hold_at_least`: not extendable.
+            Some(e) if e.expires > now && e.owner == owner && e.count > 0 => {
                 e.expires = now + ttl;
                 Extended::Extended
             }

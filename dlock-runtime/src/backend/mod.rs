@@ -10,8 +10,19 @@ use std::time::Duration;
 
 use crate::LockError;
 
+#[cfg(feature = "cluster")]
+pub(crate) mod cluster;
+#[cfg(feature = "etcd")]
+pub(crate) mod etcd;
 pub(crate) mod memory;
 pub(crate) mod redis;
+pub(crate) mod redlock;
+#[cfg(feature = "sentinel")]
+pub(crate) mod sentinel;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod sql;
+#[cfg(feature = "zookeeper")]
+pub(crate) mod zookeeper;
 
 /// A boxed, sendable future, as the [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -94,6 +105,32 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// True when other callers in this process already wait for `name`; a new waiter then queues
     /// behind them instead of barging in.
     fn has_waiters(&self, name: &str) -> bool;
+
+    /// How much of a lease of `ttl` the guard must not count on: its local deadline after a
+    /// confirmed acquire or renewal is `send time + ttl - lease_margin(ttl)`. Zero by default
+    /// (one server's lease); the Redlock backend returns its clock-drift allowance, so that the
+    /// guard's deadline is the Redlock validity `ttl - elapsed - drift` measured from the send time.
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        let _ = ttl;
+        Duration::ZERO
+    }
+
+    /// True when a failed try leaves the caller queued on the server (ZooKeeper's sequential
+    /// nodes): a wait that ends without a grant (busy, deadline, dropped future) then calls
+    /// `release(name, owner, None, true)` so the queued contender is removed. Default: false.
+    fn queues_contenders(&self) -> bool {
+        false
+    }
+
+    /// A future that completes when the backend learns, without being asked, that `owner`'s
+    /// hold of `name` is gone (ZooKeeper: the session that holds it expired or was closed). The
+    /// guard then marks the hold lost at once ([`crate::LostReason::NotOwner`]) instead of at
+    /// its next renewal or its deadline. Called once per outermost hold, right after the grant.
+    /// Default: `None` (no such signal).
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let _ = (name, owner);
+        None
+    }
 }
 
 pub use crate::wait::Watch;

@@ -9,9 +9,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use redis::aio::{ConnectionManager, ConnectionManagerConfig};
-use redis::{Client, ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, ServerErrorKind};
+use redis::aio::{
+    ConnectionLike, ConnectionManager, ConnectionManagerConfig, MultiplexedConnection,
+};
+use redis::{
+    AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind,
+    RedisError, RedisFuture, ServerErrorKind, Value,
+};
 use tokio::sync::{mpsc, oneshot};
+use tokio::time::Instant;
 
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::key::redis_keys;
@@ -146,7 +152,8 @@ impl RedisBackendBuilder {
                 url: redacted,
                 config: self,
                 conns: Mutex::new(Vec::new()),
-                pubsub_refused: AtomicBool::new(false),
+                refusing: AtomicBool::new(false),
+                refusal: Mutex::new(Refusal::default()),
             }),
         })
     }
@@ -167,12 +174,19 @@ impl RedisBackendBuilder {
 ///
 /// # Waiting
 ///
-/// Waiters of one runtime share its pub/sub connection (RESP3 push messages, resubscribed
-/// automatically after a reconnect). The first waiter for a lock subscribes to its release
-/// channel; the release script publishes once; the message wakes one waiter of the queue. A lost
-/// pub/sub connection wakes every waiter so that none sleeps through a missed release. When the
-/// server refuses pub/sub (an ACL user without `&dlock:*`, a server without RESP3), waiting falls
-/// back to the holder's remaining lease as a timer, with one `warn` event.
+/// Waiters of one runtime share its pub/sub connection (RESP3 push messages). The first waiter
+/// for a lock subscribes to its release channel, and `watch` returns only once the server has
+/// confirmed that subscription; the release script publishes once; the message wakes one waiter
+/// of the queue. A lost pub/sub connection (closed, or silent past a `PING` every second while
+/// anyone waits) is replaced and every waited-for channel subscribed again with back-off; every
+/// waiter is woken when the loss is seen and again once its channel is confirmed, so that none
+/// sleeps through a release published while nobody listened. When the server refuses pub/sub
+/// (an ACL user without `&dlock:*`, a server without RESP3), waiting falls back to the holder's
+/// remaining lease as a timer, with one `warn` event, and SUBSCRIBE is asked again after a
+/// back-off (1 s doubling to 60 s).
+///
+/// A data call whose reply times out replaces the runtime's data connection (see `DataConn`):
+/// a connection that died silently recovers at the next call, not when the kernel gives up.
 #[derive(Clone)]
 pub struct RedisBackend {
     inner: Arc<Inner>,
@@ -184,8 +198,23 @@ struct Inner {
     url: String,
     config: RedisBackendBuilder,
     conns: Mutex<Vec<RtConn>>,
-    pubsub_refused: AtomicBool,
+    /// Set while the server refuses SUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
+    refusing: AtomicBool,
+    refusal: Mutex<Refusal>,
 }
+
+/// Back-off state of a refused SUBSCRIBE (an ACL without channel permission, a server without
+/// RESP3). Until `until`, waiters use the holder's lease as their timer without asking; then the
+/// next waiter asks again, and a new refusal doubles the back-off (1 s up to 60 s). An ACL fixed
+/// while the service runs is therefore picked up within a minute, without a restart.
+#[derive(Default)]
+struct Refusal {
+    until: Option<Instant>,
+    backoff: Duration,
+}
+
+const REFUSAL_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const REFUSAL_BACKOFF_MAX: Duration = Duration::from_secs(60);
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -200,7 +229,63 @@ struct RtConn {
     /// Closed when the runtime is gone (its sentinel task was dropped).
     alive: oneshot::Receiver<()>,
     data: ConnectionManager,
+    /// Bumped when `data` is replaced after a response timeout.
+    data_gen: u64,
     sub: Arc<Subscriber>,
+}
+
+/// The data connection handed to one call: the runtime's `ConnectionManager`, and what is
+/// needed to replace it when a reply times out.
+///
+/// `ConnectionManager` reconnects when the socket reports an error, not when a reply is late: a
+/// connection that died silently (a partition that outlived the TCP session, a NAT entry that
+/// expired, a server host that vanished) would time out every call until the kernel gives up on
+/// it, many minutes later. After a response timeout the stream's state is unknown anyway (the
+/// request may never have reached the server), so the runtime's manager is replaced by a new
+/// one: the next call connects afresh. Calls still in flight on the old one finish or time out
+/// on their own.
+struct DataConn<'a> {
+    con: ConnectionManager,
+    generation: u64,
+    runtime: tokio::runtime::Id,
+    backend: &'a RedisBackend,
+}
+
+impl DataConn<'_> {
+    fn after<T>(&self, r: &redis::RedisResult<T>) {
+        if let Err(e) = r
+            && e.is_timeout()
+        {
+            self.backend.replace_data(self.runtime, self.generation);
+        }
+    }
+}
+
+impl ConnectionLike for DataConn<'_> {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        Box::pin(async move {
+            let r = self.con.req_packed_command(cmd).await;
+            self.after(&r);
+            r
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        Box::pin(async move {
+            let r = self.con.req_packed_commands(pipeline, offset, count).await;
+            self.after(&r);
+            r
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.con.get_db()
+    }
 }
 
 /// The pub/sub side of one runtime: its wait queues and the task that (un)subscribes.
@@ -210,8 +295,271 @@ struct Subscriber {
 }
 
 enum Ctl {
+    /// Answered once the channel is subscribed on a live connection (or with the error that
+    /// prevented it).
     Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
+    /// The channel's last local waiter left.
     Unsubscribe(String),
+    /// The pub/sub connection of this generation closed.
+    Disconnected(u64),
+}
+
+/// How often a pub/sub connection with subscriptions is checked with `PING`: one that died
+/// silently (no close seen) is replaced within about this plus the response timeout.
+const PUBSUB_CHECK_EVERY: Duration = Duration::from_secs(1);
+/// Back-off between attempts to (re)subscribe after a lost connection or a failed SUBSCRIBE.
+const RESUBSCRIBE_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// The task that owns a runtime's pub/sub connection.
+///
+/// It keeps the set of channels somebody waits on (`wanted`) subscribed on a live connection:
+/// a lost connection (closed, or silent past a `PING`) is replaced and every wanted channel is
+/// subscribed again, with back-off, until the server confirms. A request is answered `Ok` only
+/// once its channel is confirmed; while it is not, requests are answered with the error and the
+/// channel is `stale`: when it is confirmed again, every local waiter is woken to retry, so a
+/// release published while nobody listened is not slept through.
+struct SubTask {
+    client: Client,
+    config: AsyncConnectionConfig,
+    queues: Weak<WaitQueues>,
+    ctl: mpsc::WeakUnboundedSender<Ctl>,
+    conn: Option<MultiplexedConnection>,
+    /// Generation of `conn`: a `Disconnected` of an older connection is ignored.
+    generation: u64,
+    wanted: HashSet<String>,
+    /// Channels the server confirmed on `conn`.
+    confirmed: HashSet<String>,
+    /// Wanted channels whose waiters may have missed a release.
+    stale: HashSet<String>,
+    pending: Vec<(String, oneshot::Sender<Result<(), RedisError>>)>,
+    retry_at: Option<Instant>,
+    backoff: Duration,
+    last_err: Option<RedisError>,
+    last_check: Instant,
+}
+
+impl SubTask {
+    async fn run(mut self, mut rx: mpsc::UnboundedReceiver<Ctl>) {
+        let mut batch = Vec::new();
+        loop {
+            let check_at = (self.conn.is_some() && !self.confirmed.is_empty())
+                .then(|| self.last_check + PUBSUB_CHECK_EVERY);
+            let timer = match (self.retry_at, check_at) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+            // Requests that queued up while a command was in flight are handled together: one
+            // SUBSCRIBE for every new channel, then one UNSUBSCRIBE for every idle one.
+            tokio::select! {
+                n = rx.recv_many(&mut batch, 256) => {
+                    if n == 0 {
+                        return;
+                    }
+                }
+                _ = async {
+                    match timer {
+                        Some(t) => tokio::time::sleep_until(t).await,
+                        None => std::future::pending().await,
+                    }
+                } => {}
+            }
+            let mut idle = Vec::new();
+            for msg in batch.drain(..) {
+                match msg {
+                    Ctl::Subscribe(ch, ack) => {
+                        if self.confirmed.contains(&ch) {
+                            let _ = ack.send(Ok(()));
+                        } else {
+                            self.pending.push((ch.clone(), ack));
+                        }
+                        self.wanted.insert(ch);
+                    }
+                    Ctl::Unsubscribe(ch) => idle.push(ch),
+                    Ctl::Disconnected(generation) => {
+                        if generation == self.generation && self.conn.is_some() {
+                            tracing::debug!("dlock: pub/sub connection closed; resubscribing");
+                            self.drop_conn();
+                        }
+                    }
+                }
+            }
+            let queues = self.queues.upgrade();
+            for ch in idle {
+                if queues.as_ref().is_none_or(|q| !q.has_waiters(&ch)) {
+                    self.wanted.remove(&ch);
+                    self.stale.remove(&ch);
+                }
+            }
+            drop(queues);
+            if check_at.is_some_and(|t| Instant::now() >= t) {
+                self.check().await;
+            }
+            self.reconcile().await;
+        }
+    }
+
+    /// Forgets the connection: its channels are stale, and every waiter retries at once (a
+    /// release may have been missed), then again once its channel is confirmed.
+    fn drop_conn(&mut self) {
+        self.conn = None;
+        self.generation += 1;
+        let lost: Vec<String> = self.confirmed.drain().collect();
+        self.stale
+            .extend(lost.into_iter().filter(|c| self.wanted.contains(c)));
+        // Resubscribe at the next turn of the loop, even if no request arrives.
+        self.retry_at = Some(Instant::now());
+        if let Some(q) = self.queues.upgrade() {
+            q.wake_all();
+        }
+    }
+
+    /// `PING` on a connection that carries subscriptions; a failure replaces it.
+    async fn check(&mut self) {
+        self.last_check = Instant::now();
+        let Some(con) = self.conn.as_mut() else {
+            return;
+        };
+        if let Err(e) = redis::cmd("PING").query_async::<Value>(con).await {
+            tracing::debug!(error = %e, "dlock: pub/sub connection failed its check; replacing it");
+            self.drop_conn();
+        }
+    }
+
+    async fn connect(&mut self) -> Result<(), RedisError> {
+        if self.conn.is_some() {
+            return Ok(());
+        }
+        let generation = self.generation;
+        let ctl = self.ctl.clone();
+        let queues = self.queues.clone();
+        let push = move |info: PushInfo| -> Result<(), ()> {
+            let Some(queues) = queues.upgrade() else {
+                return Err(());
+            };
+            match info.kind {
+                PushKind::Message => {
+                    if let Some(Value::BulkString(ch)) = info.data.first()
+                        && let Ok(ch) = std::str::from_utf8(ch)
+                    {
+                        queues.wake_one(ch);
+                    }
+                }
+                PushKind::Disconnection => {
+                    queues.wake_all();
+                    if let Some(ctl) = ctl.upgrade() {
+                        let _ = ctl.send(Ctl::Disconnected(generation));
+                    }
+                }
+                _ => {}
+            }
+            Ok(())
+        };
+        let config = self.config.clone().set_push_sender(push);
+        let con = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await?;
+        self.conn = Some(con);
+        self.last_check = Instant::now();
+        Ok(())
+    }
+
+    async fn reconcile(&mut self) {
+        let to_sub: Vec<String> = self
+            .wanted
+            .iter()
+            .filter(|c| !self.confirmed.contains(*c))
+            .cloned()
+            .collect();
+        if to_sub.is_empty() {
+            self.retry_at = None;
+            self.backoff = RESUBSCRIBE_BACKOFF_MIN;
+        } else if self.retry_at.is_some_and(|t| Instant::now() < t) {
+            // Backing off: answer now rather than keep a waiter's `watch` waiting; it will be
+            // woken once its channel is confirmed.
+            let e = self.last_err.clone().unwrap_or_else(|| {
+                RedisError::from((ErrorKind::Io, "pub/sub connection unavailable"))
+            });
+            self.answer(Err(e), true);
+        } else {
+            let r = match self.connect().await {
+                Ok(()) => match self.conn.as_mut() {
+                    Some(con) => con.subscribe(&to_sub).await,
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            match r {
+                Ok(()) => {
+                    let woke = to_sub.iter().any(|c| self.stale.remove(c));
+                    self.confirmed.extend(to_sub);
+                    self.retry_at = None;
+                    self.backoff = RESUBSCRIBE_BACKOFF_MIN;
+                    self.last_err = None;
+                    self.answer(Ok(()), false);
+                    if woke && let Some(q) = self.queues.upgrade() {
+                        // Subscribed again: waiters that may have missed a release retry now.
+                        tracing::debug!("dlock: pub/sub resubscribed; waking every waiter");
+                        q.wake_all();
+                    }
+                }
+                Err(e) if is_refusal(&e) => {
+                    // Not retried here: `watch` backs off and asks again (see `Refusal`).
+                    for c in &to_sub {
+                        self.wanted.remove(c);
+                        self.stale.remove(c);
+                    }
+                    self.answer(Err(e), false);
+                }
+                Err(e) => {
+                    tracing::debug!(error = %e, "dlock: SUBSCRIBE failed; retrying with back-off");
+                    if !matches!(e.kind(), ErrorKind::Server(_)) {
+                        // A timeout or a broken socket: the connection's state is unknown.
+                        self.drop_conn();
+                    }
+                    self.stale.extend(to_sub);
+                    self.retry_at = Some(Instant::now() + self.backoff);
+                    self.backoff = (self.backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+                    self.last_err = Some(e.clone());
+                    self.answer(Err(e), true);
+                }
+            }
+        }
+        let to_unsub: Vec<String> = self
+            .confirmed
+            .iter()
+            .filter(|c| !self.wanted.contains(*c))
+            .cloned()
+            .collect();
+        if !to_unsub.is_empty()
+            && let Some(con) = self.conn.as_mut()
+        {
+            match con.unsubscribe(&to_unsub).await {
+                Err(e) if !matches!(e.kind(), ErrorKind::Server(_)) => self.drop_conn(),
+                _ => {
+                    for c in &to_unsub {
+                        self.confirmed.remove(c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Answers the pending requests: those whose channel is confirmed (or no longer wanted)
+    /// with `Ok`, the others with `r`, marking them stale when `stale` is set.
+    fn answer(&mut self, r: Result<(), RedisError>, stale: bool) {
+        for (ch, ack) in std::mem::take(&mut self.pending) {
+            if self.confirmed.contains(&ch) || !self.wanted.contains(&ch) {
+                let _ = ack.send(Ok(()));
+            } else {
+                if stale {
+                    self.stale.insert(ch);
+                }
+                let _ = ack.send(r.clone());
+            }
+        }
+    }
 }
 
 /// Replaces the password of a URL with `***`.
@@ -284,14 +632,20 @@ impl RedisBackend {
     }
 
     /// The connections of the current runtime, created on first use.
-    fn conn(&self, key: &str) -> Result<(ConnectionManager, Arc<Subscriber>), LockError> {
+    fn conn(&self, key: &str) -> Result<(DataConn<'_>, Arc<Subscriber>), LockError> {
         let handle = tokio::runtime::Handle::try_current().map_err(|_| {
             LockError::Config("dlock's Redis backend must be used inside a tokio runtime".into())
         })?;
         let id = handle.id();
         let mut conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(c) = conns.iter().find(|c| c.runtime == id) {
-            return Ok((c.data.clone(), c.sub.clone()));
+            let data = DataConn {
+                con: c.data.clone(),
+                generation: c.data_gen,
+                runtime: id,
+                backend: self,
+            };
+            return Ok((data, c.sub.clone()));
         }
         // Forget the connections of runtimes that have shut down.
         conns.retain_mut(|c| {
@@ -305,7 +659,7 @@ impl RedisBackend {
             self.manager_config(),
         )
         .map_err(|e| map_err(key, e))?;
-        let sub = self.new_subscriber(&handle, key)?;
+        let sub = self.new_subscriber(&handle);
         let (tx, alive) = oneshot::channel::<()>();
         handle.spawn(async move {
             let _tx = tx;
@@ -315,95 +669,111 @@ impl RedisBackend {
             runtime: id,
             alive,
             data: data.clone(),
+            data_gen: 0,
             sub: sub.clone(),
         });
+        let data = DataConn {
+            con: data,
+            generation: 0,
+            runtime: id,
+            backend: self,
+        };
         Ok((data, sub))
     }
 
-    fn new_subscriber(
-        &self,
-        handle: &tokio::runtime::Handle,
-        key: &str,
-    ) -> Result<Arc<Subscriber>, LockError> {
-        let (ctl, mut rx) = mpsc::unbounded_channel::<Ctl>();
+    /// Replaces the data connection of `runtime` after a call on generation `generation` timed out
+    /// (see [`DataConn`]); a no-op when another call already replaced it.
+    fn replace_data(&self, runtime: tokio::runtime::Id, generation: u64) {
+        let mut conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(c) = conns
+            .iter_mut()
+            .find(|c| c.runtime == runtime && c.data_gen == generation)
+        else {
+            return;
+        };
+        match ConnectionManager::new_lazy_with_config(
+            self.inner.client.clone(),
+            self.manager_config(),
+        ) {
+            Ok(data) => {
+                c.data = data;
+                c.data_gen += 1;
+                tracing::debug!(
+                    url = %self.inner.url,
+                    "dlock: a Redis reply timed out; the data connection is replaced"
+                );
+            }
+            Err(e) => tracing::debug!(
+                url = %self.inner.url,
+                error = %e,
+                "dlock: cannot replace a timed-out data connection"
+            ),
+        }
+    }
+
+    fn new_subscriber(&self, handle: &tokio::runtime::Handle) -> Arc<Subscriber> {
+        let (ctl, rx) = mpsc::unbounded_channel::<Ctl>();
         let ctl_for_empty = ctl.clone();
         let queues = WaitQueues::with_on_empty(Some(Box::new(move |channel: &str| {
             let _ = ctl_for_empty.send(Ctl::Unsubscribe(channel.to_string()));
         })));
-        let weak: Weak<WaitQueues> = Arc::downgrade(&queues);
-        let push = move |info: PushInfo| -> Result<(), ()> {
-            let Some(queues) = weak.upgrade() else {
-                return Err(());
-            };
-            match info.kind {
-                PushKind::Message => {
-                    if let Some(redis::Value::BulkString(ch)) = info.data.first()
-                        && let Ok(ch) = std::str::from_utf8(ch)
-                    {
-                        queues.wake_one(ch);
-                    }
-                }
-                PushKind::Disconnection => {
-                    tracing::debug!("dlock: pub/sub connection lost; waking every waiter");
-                    queues.wake_all();
-                }
-                _ => {}
-            }
-            Ok(())
+        let c = &self.inner.config;
+        let task = SubTask {
+            client: self.inner.pubsub_client.clone(),
+            config: AsyncConnectionConfig::new()
+                .set_response_timeout(Some(c.response_timeout))
+                .set_connection_timeout(Some(c.connection_timeout)),
+            queues: Arc::downgrade(&queues),
+            ctl: ctl.downgrade(),
+            conn: None,
+            generation: 0,
+            wanted: HashSet::new(),
+            confirmed: HashSet::new(),
+            stale: HashSet::new(),
+            pending: Vec::new(),
+            retry_at: None,
+            backoff: RESUBSCRIBE_BACKOFF_MIN,
+            last_err: None,
+            last_check: Instant::now(),
         };
-        let config = self
-            .manager_config()
-            .set_push_sender(push)
-            .set_automatic_resubscription();
-        let mut pubsub =
-            ConnectionManager::new_lazy_with_config(self.inner.pubsub_client.clone(), config)
-                .map_err(|e| map_err(key, e))?;
-        let queues_for_task = Arc::downgrade(&queues);
-        handle.spawn(async move {
-            let mut subscribed: HashSet<String> = HashSet::new();
-            let mut batch = Vec::new();
-            // Requests that queued up while a command was in flight are handled together: one
-            // SUBSCRIBE for every new channel, then one UNSUBSCRIBE for every idle one. Handling
-            // subscriptions first keeps "subscribed before the retry" for every requester, and an
-            // unsubscribe is only sent for a channel nobody waits on at that moment.
-            while rx.recv_many(&mut batch, 256).await > 0 {
-                let mut acks = Vec::new();
-                let mut new_channels: Vec<String> = Vec::new();
-                let mut idle = Vec::new();
-                for msg in batch.drain(..) {
-                    match msg {
-                        Ctl::Subscribe(ch, ack) => {
-                            if !subscribed.contains(&ch) && !new_channels.contains(&ch) {
-                                new_channels.push(ch);
-                            }
-                            acks.push(ack);
-                        }
-                        Ctl::Unsubscribe(ch) => idle.push(ch),
-                    }
-                }
-                let r = if new_channels.is_empty() {
-                    Ok(())
-                } else {
-                    pubsub.subscribe(&new_channels).await
-                };
-                if r.is_ok() {
-                    subscribed.extend(new_channels);
-                }
-                for ack in acks {
-                    let _ = ack.send(r.clone());
-                }
-                let queues = queues_for_task.upgrade();
-                let idle: Vec<String> = idle
-                    .into_iter()
-                    .filter(|ch| queues.as_ref().is_none_or(|q| !q.has_waiters(ch)))
-                    .filter(|ch| subscribed.remove(ch))
-                    .collect();
-                if !idle.is_empty() {
-                    let _ = pubsub.unsubscribe(&idle).await;
-                }
-            }
-        });
-        Ok(Arc::new(Subscriber { queues, ctl }))
+        handle.spawn(task.run(rx));
+        Arc::new(Subscriber { queues, ctl })
+    }
+
+    /// True while a refused SUBSCRIBE is in its back-off (see [`Refusal`]).
+    fn refused_now(&self) -> bool {
+        if !self.inner.refusing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        r.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn note_refusal(&self, e: &RedisError) {
+        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        let first = r.until.is_none();
+        r.backoff = if first {
+            REFUSAL_BACKOFF_MIN
+        } else {
+            (r.backoff * 2).min(REFUSAL_BACKOFF_MAX)
+        };
+        r.until = Some(Instant::now() + r.backoff);
+        self.inner.refusing.store(true, Ordering::Relaxed);
+        if first {
+            tracing::warn!(
+                url = %self.inner.url,
+                error = %e,
+                "dlock: Redis refused SUBSCRIBE (an ACL user needs `&dlock:*`, the server RESP3); waiters fall back to the holder's remaining lease, and SUBSCRIBE is retried with back-off"
+            );
+        }
+    }
+
+    fn note_accepted(&self) {
+        if !self.inner.refusing.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        *self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Refusal::default();
+        tracing::info!(url = %self.inner.url, "dlock: Redis accepts SUBSCRIBE again; waiters are woken by releases");
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -541,27 +911,26 @@ impl Backend for RedisBackend {
             let (_, sub) = self.conn(name)?;
             let channel = redis_keys(name).channel;
             let mut watch = sub.queues.register(&channel);
-            if self.inner.pubsub_refused.load(Ordering::Relaxed) {
+            if self.refused_now() {
                 watch.set_fallback_only();
                 return Ok(watch);
             }
-            // Every registration asks the subscriber task, which answers at once when the channel
-            // is already subscribed; this keeps "subscribed before we retry" true even while a
-            // first waiter's SUBSCRIBE is still in flight.
+            // Every registration asks the subscriber task, which answers once the channel is
+            // subscribed on a live connection (at once when it already is); this keeps
+            // "subscribed before we retry" true even while a first waiter's SUBSCRIBE is still in
+            // flight or a lost connection is being replaced.
             let (tx, rx) = oneshot::channel();
             if sub.ctl.send(Ctl::Subscribe(channel, tx)).is_err() {
                 watch.set_fallback_only();
                 return Ok(watch);
             }
             match rx.await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => self.note_accepted(),
                 Ok(Err(e)) => {
-                    if is_refusal(&e) && !self.inner.pubsub_refused.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            url = %self.inner.url,
-                            error = %e,
-                            "dlock: Redis refused SUBSCRIBE (an ACL user needs `&dlock:*`, the server RESP3); waiters fall back to the holder's remaining lease"
-                        );
+                    // Not subscribed yet: the waiter uses the lease timer until the subscriber
+                    // task confirms the channel, which then wakes it to retry.
+                    if is_refusal(&e) {
+                        self.note_refusal(&e);
                     }
                     watch.set_fallback_only();
                 }
@@ -576,6 +945,47 @@ impl Backend for RedisBackend {
             Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
             Err(_) => false,
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Added for the Redlock backend (backend/redlock.rs), which composes one RedisBackend per node.
+// ---------------------------------------------------------------------------------------------
+
+impl RedisBackend {
+    /// The server's `run_id` (`INFO server`): it changes when the server restarts, which is how
+    /// the Redlock backend notices a node that may have forgotten its holds.
+    pub(crate) async fn server_run_id(&self) -> Result<String, LockError> {
+        let (mut con, _) = self.conn("")?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| map_err("", e))?;
+        info.lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_string())
+            .ok_or_else(|| LockError::backend("", "INFO server has no run_id"))
+    }
+
+    /// `WAIT replicas timeout` on this runtime's data connection, the one the scripts ran on, so
+    /// it counts the replicas that acknowledged this connection's last write (used by the
+    /// Sentinel backend's `min_replicas`). Blocks that connection for up to `timeout`.
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    pub(crate) async fn wait_replicas(
+        &self,
+        key: &str,
+        replicas: usize,
+        timeout: Duration,
+    ) -> Result<usize, LockError> {
+        let (mut con, _) = self.conn(key)?;
+        let n: i64 = redis::cmd("WAIT")
+            .arg(replicas)
+            .arg(timeout.as_millis() as u64)
+            .query_async(&mut con)
+            .await
+            .map_err(|e| map_err(key, e))?;
+        Ok(n.max(0) as usize)
     }
 }
 

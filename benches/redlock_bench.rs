@@ -1,0 +1,203 @@
+//! Redlock(3) and Redlock(5) acquire + release latency against the slowest single node's pair
+//! (the same node's `RedisBackend` try_acquire + release: two EVALSHA round trips), measured in
+//! the same run, in interleaved rounds. Starts five private `redis-server`s on free loopback
+//! ports (no persistence; killed at exit, also via `PR_SET_PDEATHSIG`).
+//!
+//! ```sh
+//! cargo bench --bench redlock_bench
+//! DLOCK_BENCH_ROUNDS=9 DLOCK_BENCH_PAIRS=2000 cargo bench --bench redlock_bench
+//! ```
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use dlock::{Backend, RedisBackend, RedlockBackend};
+
+struct Server {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+}
+
+impl Server {
+    fn start() -> Server {
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let port = TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("no free loopback port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("dlock-rlbench-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("cannot create the server's directory");
+        let mut cmd = Command::new(&bin);
+        cmd.args(["--port", &port.to_string()])
+            .args(["--bind", "127.0.0.1"])
+            .args(["--save", ""])
+            .args(["--appendonly", "no"])
+            .args(["--loglevel", "warning"])
+            .arg("--dir")
+            .arg(&dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit());
+        {
+            use std::os::unix::process::CommandExt;
+            // SAFETY: prctl is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                    Ok(())
+                });
+            }
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start `{bin}` ({e}); install redis-server"));
+        let server = Server { child, port, dir };
+        let client = redis::Client::open(server.url()).unwrap();
+        let started = Instant::now();
+        loop {
+            if let Ok(mut c) = client.get_connection()
+                && redis::cmd("PING").query::<String>(&mut c).is_ok()
+            {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "redis-server on port {port} did not come up"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// `pairs` acquire + release pairs on distinct free keys; the latency of each pair.
+async fn pairs(b: &dyn Backend, tag: &str, pairs: usize) -> Vec<Duration> {
+    let ttl = Duration::from_secs(30);
+    let mut out = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let key = format!("bench:{tag}:{}", i % 64);
+        let t = Instant::now();
+        let r = b
+            .try_acquire(&key, "bench-owner", ttl)
+            .await
+            .expect("acquire");
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        b.release(&key, "bench-owner", None, true)
+            .await
+            .expect("release");
+        out.push(t.elapsed());
+    }
+    out
+}
+
+fn pct(v: &mut [Duration], p: usize) -> Duration {
+    v.sort();
+    v[(v.len() * p / 100).min(v.len() - 1)]
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn main() {
+    let rounds: usize = std::env::var("DLOCK_BENCH_ROUNDS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5);
+    let n_pairs: usize = std::env::var("DLOCK_BENCH_PAIRS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500);
+    let servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let urls: Vec<String> = servers.iter().map(Server::url).collect();
+        let mut singles = Vec::new();
+        for u in &urls {
+            singles.push(RedisBackend::connect(u).await.unwrap());
+        }
+        let rl3 = RedlockBackend::connect(&urls[..3]).await.unwrap();
+        let rl5 = RedlockBackend::connect(&urls[..]).await.unwrap();
+        // Warm-up: connections, script cache.
+        for s in &singles {
+            pairs(s, "warm", 50).await;
+        }
+        pairs(&rl3, "warm3", 50).await;
+        pairs(&rl5, "warm5", 50).await;
+        let (mut r3, mut r5) = (Vec::new(), Vec::new());
+        let (mut all_single, mut all3, mut all5) = (Vec::new(), Vec::new(), Vec::new());
+        for round in 0..rounds {
+            // Per node p50 in this round; the slowest node is the baseline.
+            let mut node_p50 = Vec::new();
+            let order = round % 3;
+            let mut p3 = Vec::new();
+            let mut p5 = Vec::new();
+            for step in 0..3 {
+                match (step + order) % 3 {
+                    0 => {
+                        for (i, s) in singles.iter().enumerate() {
+                            let mut v = pairs(s, &format!("n{i}"), n_pairs).await;
+                            node_p50.push(pct(&mut v, 50));
+                            all_single.extend(v);
+                        }
+                    }
+                    1 => p3 = pairs(&rl3, "rl3", n_pairs).await,
+                    _ => p5 = pairs(&rl5, "rl5", n_pairs).await,
+                }
+            }
+            let slow3 = node_p50[..3].iter().max().copied().unwrap();
+            let slow5 = node_p50.iter().max().copied().unwrap();
+            let m3 = pct(&mut p3, 50);
+            let m5 = pct(&mut p5, 50);
+            r3.push(us(m3) / us(slow3));
+            r5.push(us(m5) / us(slow5));
+            all3.extend(p3);
+            all5.extend(p5);
+        }
+        println!(
+            "dlock redlock_bench: {rounds} rounds x {n_pairs} acquire+release pairs per variant, 2 workers"
+        );
+        println!(
+            "single node pair  p50 {:>8.1} us  p99 {:>8.1} us",
+            us(pct(&mut all_single, 50)),
+            us(pct(&mut all_single, 99))
+        );
+        println!(
+            "Redlock(3) pair   p50 {:>8.1} us  p99 {:>8.1} us  ratio to slowest node p50 (median of rounds) {:.2}x",
+            us(pct(&mut all3, 50)),
+            us(pct(&mut all3, 99)),
+            median(r3)
+        );
+        println!(
+            "Redlock(5) pair   p50 {:>8.1} us  p99 {:>8.1} us  ratio to slowest node p50 (median of rounds) {:.2}x",
+            us(pct(&mut all5, 50)),
+            us(pct(&mut all5, 99)),
+            median(r5)
+        );
+        drop(servers);
+    });
+}

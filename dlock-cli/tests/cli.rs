@@ -1,0 +1,498 @@
+//! The `dlock` binary end to end against a private `redis-server` (free loopback port, temp dir,
+//! killed on drop) and a separate process holding a lock (this test binary re-executed in child
+//! mode), following the harness pattern of the workspace's `tests/common/mod.rs`.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+type SpawnReq = (Command, mpsc::Sender<std::io::Result<Child>>);
+
+/// Children are forked by one long-lived thread, so `PR_SET_PDEATHSIG` kills them exactly when
+/// the test process dies (it fires when the forking *thread* exits).
+fn spawn_child(mut cmd: Command) -> std::io::Result<Child> {
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnReq>>> = OnceLock::new();
+    let tx = SPAWNER.get_or_init(|| {
+        let (tx, rx) = mpsc::channel::<SpawnReq>();
+        std::thread::spawn(move || {
+            for (mut cmd, reply) in rx {
+                let _ = reply.send(cmd.spawn());
+            }
+        });
+        Mutex::new(tx)
+    });
+    // SAFETY: only async-signal-safe calls (prctl, getppid) between fork and exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::getppid() == 1 {
+                return Err(std::io::Error::other("parent exited"));
+            }
+            Ok(())
+        });
+    }
+    let (rtx, rrx) = mpsc::channel();
+    tx.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .send((cmd, rtx))
+        .unwrap();
+    rrx.recv().unwrap()
+}
+
+/// A child process killed and reaped on drop.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Redis {
+    port: u16,
+    dir: PathBuf,
+    _proc: Proc,
+}
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Redis {
+    fn start(extra: &[&str]) -> Redis {
+        let port = free_port();
+        let dir =
+            std::env::temp_dir().join(format!("dlock-cli-test-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--port",
+            &port.to_string(),
+            "--bind",
+            "127.0.0.1",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&dir)
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let child = match spawn_child(cmd) {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => panic!(
+                "redis-server is not installed: run scripts/test (it installs Debian's redis-server)"
+            ),
+            Err(e) => panic!("cannot spawn redis-server: {e}"),
+        };
+        let r = Redis {
+            port,
+            dir,
+            _proc: Proc(child),
+        };
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "redis-server did not start"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        r
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+}
+
+/// Runs `dlock` with `args`, `DLOCK_URL=url`, and `stdin`; bounded to 20 s.
+fn dlock(url: &str, args: &[&str], stdin: &str) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args)
+        .env("DLOCK_URL", url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = spawn_child(cmd).unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("dlock {args:?} hung");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status.code(),
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const CHILD_ENV: &str = "DLOCK_CLI_TEST_CHILD";
+
+/// Child entry point: holds `cli:held` (ttl 3 s, renewed every second) in its own process,
+/// prints its token, then prints how it lost the lock. Runs only when re-executed by a test.
+#[test]
+#[ignore = "child-process entry point, run by unlock_fires_the_holders_lost"]
+fn holder_process() {
+    let url = std::env::var(CHILD_ENV).expect("run by the parent test only");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        dlock_runtime::init(&url).await.unwrap();
+        let g = dlock_runtime::Lock::new("cli:held")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        println!("CHILD: token {} owner {}", g.fencing_token(), g.owner());
+        let reason = tokio::time::timeout(Duration::from_secs(30), g.lost())
+            .await
+            .expect("lost() did not fire within 30 s");
+        println!("CHILD: lost {reason}");
+    });
+}
+
+#[test]
+fn list_show_unlock_against_a_holding_process() {
+    let redis = Redis::start(&[]);
+    let url = redis.url();
+
+    // Nothing held yet.
+    let o = dlock(&url, &["list"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("no locks held"),
+        "{}",
+        text(&o)
+    );
+    let o = dlock(&url, &["show", "cli:held"], "");
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+
+    // A holder in another process.
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "holder_process",
+        "--exact",
+        "--include-ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(CHILD_ENV, &url)
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::inherit());
+    let mut child = Proc(spawn_child(cmd).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let out = child.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            if let Some(at) = l.find("CHILD: ") {
+                let _ = tx.send(l[at + 7..].to_string());
+            }
+        }
+    });
+    let first = rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("holder did not start");
+    let mut words = first.split_whitespace();
+    assert_eq!(words.next(), Some("token"));
+    let token = words.next().unwrap().to_string();
+    assert_eq!(words.next(), Some("owner"));
+    let owner = words.next().unwrap().to_string();
+
+    // A foreign key under the prefix does not break the listing.
+    let client = redis::Client::open(url.as_str()).unwrap();
+    let mut c = client.get_connection().unwrap();
+    redis::cmd("SET")
+        .arg("dlock:{weird}")
+        .arg("x")
+        .exec(&mut c)
+        .unwrap();
+    redis::cmd("SET")
+        .arg("dlock:{bad\\q}")
+        .arg("x")
+        .exec(&mut c)
+        .unwrap();
+
+    let o = dlock(&url, &["list", "cli:*"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("cli:held"))
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(row.contains(&owner) && row.contains(&token), "{row}");
+    assert!(!out.contains("weird"), "{}", text(&o));
+
+    let o = dlock(&url, &["list", "--json"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let held = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "cli:held")
+        .unwrap();
+    assert_eq!(held["fencing_token"].to_string(), token);
+    assert_eq!(held["holds"], 1);
+    assert_eq!(held["owners"][0]["owner"], owner.as_str());
+    let rem = held["remaining_ms"].as_i64().unwrap();
+    assert!(rem > 0 && rem <= 3000, "{rem}");
+    // The unexpected string key is skipped, not shown, and named on stderr.
+    assert!(v.as_array().unwrap().iter().all(|l| l["name"] != "weird"));
+
+    let o = dlock(&url, &["show", "cli:held", "--json"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["fencing_token"].to_string(), token);
+
+    // Unlock without confirmation: refused, nothing done.
+    let o = dlock(&url, &["unlock", "cli:held"], "");
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let o = dlock(&url, &["unlock", "cli:held"], "n\n");
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(
+        dlock(&url, &["show", "cli:held"], "").status.code(),
+        Some(0)
+    );
+
+    // A waiter in this process (wait 30 s), seen by `show` as one waiting process.
+    let (wtx, wrx) = mpsc::channel::<Instant>();
+    let wurl = url.clone();
+    let waiter = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            dlock_runtime::init_named("cli-waiter", &wurl)
+                .await
+                .unwrap();
+            let g = dlock_runtime::Lock::new("cli:held")
+                .backend("cli-waiter")
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap();
+            let _ = wtx.send(Instant::now());
+            g.release().await.unwrap();
+        });
+    });
+    let start = Instant::now();
+    loop {
+        let o = dlock(&url, &["show", "cli:held", "--json"], "");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        if v["waiting_processes"] == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "waiter never seen: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Confirmed on stdin: released, and the holder hears it at its next renewal (ttl/3 = 1 s).
+    let t0 = Instant::now();
+    let o = dlock(&url, &["unlock", "cli:held"], "y\n");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("released lock `cli:held`"), "{}", text(&o));
+    assert!(
+        out.contains("(1 waiting process(es) reached"),
+        "{}",
+        text(&o)
+    );
+    // The wake-up, not the lease timer (the holder's lease had 2 s or more left), hands it over.
+    let got = wrx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter not woken");
+    assert!(
+        got.duration_since(t0) < Duration::from_millis(1500),
+        "waiter took {:?} after the unlock",
+        got.duration_since(t0)
+    );
+    waiter.join().unwrap();
+    let lost = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("holder's lost() did not fire");
+    assert!(lost.starts_with("lost"), "{lost}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "lost() took {:?}",
+        t0.elapsed()
+    );
+    assert_eq!(
+        dlock(&url, &["show", "cli:held"], "").status.code(),
+        Some(3)
+    );
+    // Unlocking a free lock: not found.
+    assert_eq!(
+        dlock(&url, &["unlock", "cli:held", "--yes"], "")
+            .status
+            .code(),
+        Some(3)
+    );
+}
+
+#[test]
+fn exit_codes_for_bad_urls_and_no_password_in_output() {
+    // Nothing listens on this port: connection failed.
+    let port = free_port();
+    let url = format!("redis://admin:s3cr3t-pw@127.0.0.1:{port}/0");
+    let o = dlock(&url, &["list"], "");
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert!(!text(&o).contains("s3cr3t-pw"), "{}", text(&o));
+
+    // Another engine's URL: not supported yet.
+    let o = dlock("postgres://u:s3cr3t-pw@127.0.0.1/db", &["list"], "");
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+    assert!(
+        text(&o).contains("not supported for this backend yet"),
+        "{}",
+        text(&o)
+    );
+    assert!(!text(&o).contains("s3cr3t-pw"), "{}", text(&o));
+
+    // Garbage: no panic, a clear message, exit 6.
+    let o = dlock("not a url", &["list"], "");
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+    assert!(!text(&o).contains("panicked"), "{}", text(&o));
+
+    // A wrong password against a server that requires one: connection failed, not shown.
+    let redis = Redis::start(&["--requirepass", "right-pw"]);
+    let o = dlock(
+        &format!("redis://:wrong-pw@127.0.0.1:{}", redis.port),
+        &["list"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(5), "{}", text(&o));
+    assert!(!text(&o).contains("wrong-pw"), "{}", text(&o));
+    // --help never shows the environment's URL.
+    let o = dlock("redis://:env-secret@127.0.0.1:1", &["--help"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(!text(&o).contains("env-secret"), "{}", text(&o));
+}
+
+#[test]
+fn watch_shows_acquisitions_and_releases_until_interrupted() {
+    let redis = Redis::start(&["--notify-keyspace-events", "Kghx"]);
+    let url = redis.url();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(["watch", "w:*"])
+        .env("DLOCK_URL", &url)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit());
+    let mut p = Proc(spawn_child(cmd).unwrap());
+    let (tx, rx) = mpsc::channel();
+    let out = p.0.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for l in BufReader::new(out).lines().map_while(Result::ok) {
+            let _ = tx.send(l);
+        }
+    });
+    let banner = rx.recv_timeout(Duration::from_secs(10)).expect("no banner");
+    assert!(banner.starts_with("watching acquisitions"), "{banner}");
+
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        dlock_runtime::init_named("cli-watch", &url).await.unwrap();
+        let g = dlock_runtime::Lock::new("w:1")
+            .backend("cli-watch")
+            .acquire()
+            .await
+            .unwrap();
+        let other = dlock_runtime::Lock::new("x:1")
+            .backend("cli-watch")
+            .acquire()
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g.release().await.unwrap();
+        other.release().await.unwrap();
+    });
+    let mut lines = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !lines.iter().any(|l: &String| l.contains("released")) && Instant::now() < deadline {
+        if let Ok(l) = rx.recv_timeout(Duration::from_millis(200)) {
+            lines.push(l);
+        }
+    }
+    assert!(
+        lines.iter().any(|l| l.contains("w:1  acquired")),
+        "{lines:?}"
+    );
+    assert!(
+        lines.iter().any(|l| l.contains("w:1  released")),
+        "{lines:?}"
+    );
+    assert!(lines.iter().all(|l| !l.contains("x:1")), "{lines:?}");
+
+    // Ctrl-C ends it with exit 0.
+    // SAFETY: kill(2) on our own child, not yet reaped.
+    assert_eq!(
+        unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGINT) },
+        0
+    );
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = p.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "watch did not stop on SIGINT"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert_eq!(status.code(), Some(0));
+}

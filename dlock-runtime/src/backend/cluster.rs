@@ -1,0 +1,664 @@
+//! The Redis Cluster backend (feature `cluster`): the single-node Lua scripts on the redis
+//! crate's async cluster client, and waiting by sharded pub/sub (`SSUBSCRIBE` / `SPUBLISH`).
+//!
+//! See [`ClusterBackend`].
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, LazyLock, Mutex, Weak};
+use std::time::Duration;
+
+use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{
+    ErrorKind, FromRedisValue, ProtocolVersion, PushInfo, PushKind, RedisError, Script,
+    ServerErrorKind,
+};
+use tokio::sync::{mpsc, oneshot};
+
+use super::redis::redact_url;
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::key::redis_keys;
+use crate::wait::WaitQueues;
+
+/// Same grace as the single-node backend (see backend/redis.rs).
+const FENCE_GRACE: Duration = Duration::from_secs(60);
+
+const ACQUIRE_SRC: &str = include_str!("../scripts/acquire.lua");
+const EXTEND_SRC: &str = include_str!("../scripts/extend.lua");
+const RELEASE_SRC: &str = include_str!("../scripts/release.lua");
+/// The single-node release publishes with `PUBLISH`; here the same script publishes with
+/// `SPUBLISH`, so a release reaches only the shard that owns the lock's slot. Derived from the
+/// single-node text (one script to maintain; the single-node path is untouched), and checked by a
+/// unit test so a change of that line cannot silently turn it back into a cluster-wide PUBLISH.
+const PUBLISH_CALL: &str = "redis.pcall('PUBLISH', ARGV[3], '1')";
+const SPUBLISH_CALL: &str = "redis.pcall('SPUBLISH', ARGV[3], '1')";
+
+struct ClusterScript {
+    src: String,
+    sha: String,
+}
+
+impl ClusterScript {
+    fn new(src: String) -> ClusterScript {
+        let sha = Script::new(&src).get_hash().to_string();
+        ClusterScript { src, sha }
+    }
+}
+
+static ACQUIRE: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(ACQUIRE_SRC.to_string()));
+static EXTEND: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(EXTEND_SRC.to_string()));
+static RELEASE: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(RELEASE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
+
+/// Settings of a [`ClusterBackend`]; build one with [`ClusterBackend::builder`].
+#[derive(Clone)]
+pub struct ClusterBackendBuilder {
+    urls: Vec<String>,
+    response_timeout: Duration,
+    op_timeout: Duration,
+    connection_timeout: Duration,
+    retries: u32,
+    username: Option<String>,
+    password: Option<String>,
+    #[cfg(feature = "tls")]
+    tls_root_cert: Option<Vec<u8>>,
+}
+
+impl fmt::Debug for ClusterBackendBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBackendBuilder")
+            .field(
+                "urls",
+                &self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+            )
+            .field("response_timeout", &self.response_timeout)
+            .field("op_timeout", &self.op_timeout)
+            .field("connection_timeout", &self.connection_timeout)
+            .field("retries", &self.retries)
+            .field("username", &self.username)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClusterBackendBuilder {
+    /// How long one node may take to answer one request (default 1 s).
+    pub fn response_timeout(mut self, t: Duration) -> Self {
+        self.response_timeout = t;
+        self
+    }
+
+    /// How long one call may take in all, redirections (MOVED/ASK), `TRYAGAIN` retries during a
+    /// resharding and reconnections included, before it fails with a backend error
+    /// (default 3 s).
+    pub fn op_timeout(mut self, t: Duration) -> Self {
+        self.op_timeout = t;
+        self
+    }
+
+    /// How long one connection attempt to one node may take (default 1 s).
+    pub fn connection_timeout(mut self, t: Duration) -> Self {
+        self.connection_timeout = t;
+        self
+    }
+
+    /// How many times the client retries a request that failed for a cluster reason (a node
+    /// down, `TRYAGAIN`, `CLUSTERDOWN`), with backoff, within `op_timeout` (default 16).
+    pub fn retries(mut self, n: u32) -> Self {
+        self.retries = n;
+        self
+    }
+
+    /// ACL user name for every node (instead of one in the URLs).
+    pub fn username(mut self, user: impl Into<String>) -> Self {
+        self.username = Some(user.into());
+        self
+    }
+
+    /// Password for every node (instead of one in the URLs). Never logged.
+    pub fn password(mut self, password: impl Into<String>) -> Self {
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Trusts `pem` as the root certificate for `rediss://` nodes instead of the system store.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
+        self.tls_root_cert = Some(pem);
+        self
+    }
+
+    fn client(&self, protocol: ProtocolVersion) -> Result<ClusterClient, LockError> {
+        let mut b = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
+            .response_timeout(self.response_timeout)
+            .overall_response_timeout(Some(self.op_timeout))
+            .connection_timeout(self.connection_timeout)
+            .retries(self.retries)
+            .min_retry_wait(10)
+            .max_retry_wait(200)
+            .use_protocol(protocol);
+        if let Some(u) = &self.username {
+            b = b.username(u);
+        }
+        if let Some(p) = &self.password {
+            b = b.password(p);
+        }
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.tls_root_cert {
+            b = b.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            });
+        }
+        b.build().map_err(|e| {
+            LockError::Config(format!(
+                "invalid Redis Cluster seed URLs {:?}: {}",
+                self.urls.iter().map(|u| redact_url(u)).collect::<Vec<_>>(),
+                e.detail().unwrap_or("cannot parse them")
+            ))
+        })
+    }
+
+    /// Checks the URLs and connects (one `PING` routed to a node), so that a wrong address or
+    /// password fails here.
+    pub async fn connect(self) -> Result<ClusterBackend, LockError> {
+        let backend = self.build()?;
+        backend.ping().await?;
+        Ok(backend)
+    }
+
+    /// Checks the URLs without connecting; connections are made on first use.
+    pub fn build(self) -> Result<ClusterBackend, LockError> {
+        if self.urls.is_empty() {
+            return Err(LockError::Config(
+                "a Redis Cluster backend needs at least one seed URL".into(),
+            ));
+        }
+        #[cfg(feature = "tls")]
+        if self.urls.iter().any(|u| u.starts_with("rediss://"))
+            && rustls::crypto::CryptoProvider::get_default().is_none()
+        {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let data_client = self.client(ProtocolVersion::RESP2)?;
+        let pubsub_client = self.client(ProtocolVersion::RESP3)?;
+        let label = self
+            .urls
+            .iter()
+            .map(|u| redact_url(u))
+            .collect::<Vec<_>>()
+            .join(",");
+        Ok(ClusterBackend {
+            inner: Arc::new(Inner {
+                data_client,
+                pubsub_client,
+                label,
+                conns: Mutex::new(Vec::new()),
+                pubsub_refused: AtomicBool::new(false),
+            }),
+        })
+    }
+}
+
+/// Locks in a Redis Cluster (feature `cluster`).
+///
+/// Cheap to clone. A lock's hash, fence key and release channel share one hash slot (the
+/// `{escaped name}` tag, see [`crate::redis_keys`]), so every script runs on the one master that
+/// owns the slot; the redis crate's cluster client follows `MOVED` / `ASK` redirections and
+/// topology changes, and retries `TRYAGAIN` while a slot is being migrated. The scripts are the
+/// single-node ones, run by `EVALSHA`; a node that does not know one yet (a new master, an
+/// importing node, a restart) answers `NOSCRIPT` and gets the script by `EVAL` on the same slot.
+///
+/// # Waiting
+///
+/// By sharded pub/sub (Redis 7): the release script `SPUBLISH`es on the lock's channel, which
+/// reaches only the shard owning the slot, and waiters `SSUBSCRIBE` through one RESP3 cluster
+/// connection per runtime (the client resubscribes after reconnections and topology changes;
+/// a channel whose slot moved away is subscribed again at its new owner and one waiter is woken,
+/// so a release in between is not slept through). Where the servers refuse it (Redis 6, an ACL
+/// user without `&dlock:*`), waiting falls back to the holder's remaining lease as a timer.
+///
+/// As with [`crate::RedisBackend`], connections are kept per tokio runtime.
+#[derive(Clone)]
+pub struct ClusterBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    data_client: ClusterClient,
+    pubsub_client: ClusterClient,
+    label: String,
+    conns: Mutex<Vec<RtConn>>,
+    pubsub_refused: AtomicBool,
+}
+
+impl fmt::Debug for ClusterBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClusterBackend")
+            .field("seeds", &self.inner.label)
+            .finish_non_exhaustive()
+    }
+}
+
+struct RtConn {
+    runtime: tokio::runtime::Id,
+    alive: oneshot::Receiver<()>,
+    data: ClusterConnection,
+    sub: Arc<Subscriber>,
+}
+
+struct Subscriber {
+    queues: Arc<WaitQueues>,
+    ctl: mpsc::UnboundedSender<Ctl>,
+}
+
+enum Ctl {
+    Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
+    Unsubscribe(String),
+    /// The server dropped this shard channel (its slot moved, or its master became a replica).
+    Dropped(String),
+}
+
+fn is_refusal(e: &RedisError) -> bool {
+    matches!(e.kind(), ErrorKind::Server(ServerErrorKind::NoPerm))
+        || e.kind() == ErrorKind::InvalidClientConfig
+        || e.to_string()
+            .to_ascii_lowercase()
+            .contains("unknown command")
+        || e.to_string().to_ascii_lowercase().contains("hello")
+}
+
+fn ms(d: Duration) -> u64 {
+    (d.as_millis() as u64).max(1)
+}
+
+fn channel_of(info: &PushInfo) -> Option<&str> {
+    match info.data.first() {
+        Some(redis::Value::BulkString(ch)) => std::str::from_utf8(ch).ok(),
+        _ => None,
+    }
+}
+
+/// Runs `script` by EVALSHA on the node owning `keys[0]`'s slot; on NOSCRIPT, by EVAL there
+/// (which also caches it on that node).
+async fn run_script<T: FromRedisValue>(
+    con: &mut ClusterConnection,
+    script: &ClusterScript,
+    keys: &[&str],
+    args: &[&[u8]],
+) -> redis::RedisResult<T> {
+    let build = |verb: &str, body: &str| {
+        let mut c = redis::cmd(verb);
+        c.arg(body).arg(keys.len());
+        for k in keys {
+            c.arg(*k);
+        }
+        for a in args {
+            c.arg(*a);
+        }
+        c
+    };
+    match build("EVALSHA", &script.sha).query_async(con).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            build("EVAL", &script.src).query_async(con).await
+        }
+        r => r,
+    }
+}
+
+impl ClusterBackend {
+    /// Starts building a backend from seed node URLs (`redis://[user[:password]@]host:port`, or
+    /// `rediss://` with the `tls` feature); any reachable seed is enough, the rest of the
+    /// cluster is discovered.
+    pub fn builder<I, S>(urls: I) -> ClusterBackendBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        ClusterBackendBuilder {
+            urls: urls.into_iter().map(|u| u.as_ref().to_string()).collect(),
+            response_timeout: Duration::from_secs(1),
+            op_timeout: Duration::from_secs(3),
+            connection_timeout: Duration::from_secs(1),
+            retries: 16,
+            username: None,
+            password: None,
+            #[cfg(feature = "tls")]
+            tls_root_cert: None,
+        }
+    }
+
+    /// Connects with default settings; see [`ClusterBackend::builder`].
+    pub async fn connect<I, S>(urls: I) -> Result<Self, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder(urls).connect().await
+    }
+
+    /// The seed URLs, passwords replaced by `***`.
+    pub fn seeds(&self) -> &str {
+        &self.inner.label
+    }
+
+    fn conn(&self, key: &str) -> Result<(ClusterConnection, Arc<Subscriber>), LockError> {
+        let handle = tokio::runtime::Handle::try_current().map_err(|_| {
+            LockError::Config(
+                "dlock's Redis Cluster backend must be used inside a tokio runtime".into(),
+            )
+        })?;
+        let id = handle.id();
+        let mut conns = self.inner.conns.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(c) = conns.iter().find(|c| c.runtime == id) {
+            return Ok((c.data.clone(), c.sub.clone()));
+        }
+        conns.retain_mut(|c| {
+            !matches!(
+                c.alive.try_recv(),
+                Err(oneshot::error::TryRecvError::Closed)
+            )
+        });
+        let _enter = handle.enter();
+        let data = self
+            .inner
+            .data_client
+            .get_pending_async_connection_with_config(ClusterConfig::new());
+        let sub = self.new_subscriber(&handle, key);
+        let (tx, alive) = oneshot::channel::<()>();
+        handle.spawn(async move {
+            let _tx = tx;
+            std::future::pending::<()>().await;
+        });
+        conns.push(RtConn {
+            runtime: id,
+            alive,
+            data: data.clone(),
+            sub: sub.clone(),
+        });
+        Ok((data, sub))
+    }
+
+    fn new_subscriber(&self, handle: &tokio::runtime::Handle, _key: &str) -> Arc<Subscriber> {
+        let (ctl, mut rx) = mpsc::unbounded_channel::<Ctl>();
+        let ctl_for_empty = ctl.clone();
+        let queues = WaitQueues::with_on_empty(Some(Box::new(move |channel: &str| {
+            let _ = ctl_for_empty.send(Ctl::Unsubscribe(channel.to_string()));
+        })));
+        let weak: Weak<WaitQueues> = Arc::downgrade(&queues);
+        let ctl_for_push = ctl.clone();
+        let push = move |info: PushInfo| -> Result<(), ()> {
+            let Some(queues) = weak.upgrade() else {
+                return Err(());
+            };
+            match info.kind {
+                PushKind::SMessage | PushKind::Message => {
+                    if let Some(ch) = channel_of(&info) {
+                        queues.wake_one(ch);
+                    }
+                }
+                PushKind::SUnsubscribe => {
+                    if let Some(ch) = channel_of(&info) {
+                        let _ = ctl_for_push.send(Ctl::Dropped(ch.to_string()));
+                    }
+                }
+                PushKind::Disconnection => {
+                    tracing::debug!(
+                        "dlock: a cluster pub/sub connection was lost; waking every waiter"
+                    );
+                    queues.wake_all();
+                }
+                _ => {}
+            }
+            Ok(())
+        };
+        let _enter = handle.enter();
+        let mut pubsub = self
+            .inner
+            .pubsub_client
+            .get_pending_async_connection_with_config(ClusterConfig::new().set_push_sender(push));
+        let queues_for_task = Arc::downgrade(&queues);
+        handle.spawn(async move {
+            let mut subscribed: HashSet<String> = HashSet::new();
+            let mut batch = Vec::new();
+            while rx.recv_many(&mut batch, 256).await > 0 {
+                let mut acks = Vec::new();
+                let mut new_channels: Vec<String> = Vec::new();
+                let mut idle = Vec::new();
+                let mut dropped = Vec::new();
+                for msg in batch.drain(..) {
+                    match msg {
+                        Ctl::Subscribe(ch, ack) => {
+                            if !subscribed.contains(&ch) && !new_channels.contains(&ch) {
+                                new_channels.push(ch);
+                            }
+                            acks.push(ack);
+                        }
+                        Ctl::Unsubscribe(ch) => idle.push(ch),
+                        Ctl::Dropped(ch) => dropped.push(ch),
+                    }
+                }
+                let queues = queues_for_task.upgrade();
+                // A channel the server dropped while we still want it (our own SUNSUBSCRIBE
+                // removes it from `subscribed` first): subscribe again, routed to its slot's
+                // new owner, and wake one waiter, since a release may have happened in between.
+                for ch in dropped {
+                    if subscribed.contains(&ch)
+                        && queues.as_ref().is_some_and(|q| q.has_waiters(&ch))
+                    {
+                        let r = pubsub.ssubscribe(&ch).await;
+                        tracing::debug!(channel = %ch, ok = r.is_ok(), "dlock: shard channel moved; subscribed again");
+                        if r.is_err() {
+                            subscribed.remove(&ch);
+                        }
+                        if let Some(q) = &queues {
+                            q.wake_one(&ch);
+                        }
+                    }
+                }
+                // SSUBSCRIBE takes channels of one slot only: one command per channel.
+                let mut result = Ok(());
+                for ch in new_channels {
+                    match pubsub.ssubscribe(&ch).await {
+                        Ok(()) => {
+                            subscribed.insert(ch);
+                        }
+                        Err(e) => result = Err(e),
+                    }
+                }
+                for ack in acks {
+                    let _ = ack.send(result.clone());
+                }
+                let idle: Vec<String> = idle
+                    .into_iter()
+                    .filter(|ch| queues.as_ref().is_none_or(|q| !q.has_waiters(ch)))
+                    .filter(|ch| subscribed.remove(ch))
+                    .collect();
+                for ch in idle {
+                    let _ = pubsub.sunsubscribe(&ch).await;
+                }
+            }
+        });
+        Arc::new(Subscriber { queues, ctl })
+    }
+
+    async fn ping(&self) -> Result<(), LockError> {
+        let (mut con, _) = self.conn("")?;
+        redis::cmd("PING")
+            .query_async::<String>(&mut con)
+            .await
+            .map_err(|e| LockError::Backend {
+                key: String::new(),
+                source: format!(
+                    "cannot reach the Redis Cluster at {}: {e}",
+                    self.inner.label
+                )
+                .into(),
+            })?;
+        Ok(())
+    }
+
+    /// Number of callers of the current runtime waiting on this backend.
+    pub fn waiter_count(&self) -> usize {
+        self.conn("")
+            .map(|(_, s)| s.queues.waiter_count())
+            .unwrap_or(0)
+    }
+}
+
+impl Backend for ClusterBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let keys = redis_keys(name);
+            let r: Vec<i64> = run_script(
+                &mut con,
+                &ACQUIRE,
+                &[&keys.lock, &keys.fence],
+                &[
+                    owner.as_bytes(),
+                    ms(ttl).to_string().as_bytes(),
+                    ms(ttl + FENCE_GRACE).to_string().as_bytes(),
+                ],
+            )
+            .await
+            .map_err(|e| LockError::backend(name, e))?;
+            match r.as_slice() {
+                [1, token, count] => Ok(Acquired::Granted {
+                    token: *token as u64,
+                    count: (*count).clamp(0, u32::MAX as i64) as u32,
+                }),
+                [0, pttl] => Ok(Acquired::Busy {
+                    remaining: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
+                }),
+                other => Err(LockError::backend(
+                    name,
+                    format!("unexpected reply from the acquire script: {other:?}"),
+                )),
+            }
+        })
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let keys = redis_keys(name);
+            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+            let all: &[u8] = if all { b"1" } else { b"0" };
+            let r: i64 = run_script(
+                &mut con,
+                &RELEASE,
+                &[&keys.lock],
+                &[
+                    owner.as_bytes(),
+                    keep.to_string().as_bytes(),
+                    keys.channel.as_bytes(),
+                    all,
+                ],
+            )
+            .await
+            .map_err(|e| LockError::backend(name, e))?;
+            Ok(match r {
+                n if n < 0 => Released::NotOwner,
+                0 => Released::Freed,
+                n => Released::Decremented(n.min(u32::MAX as i64) as u32),
+            })
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let keys = redis_keys(name);
+            let r: i64 = run_script(
+                &mut con,
+                &EXTEND,
+                &[&keys.lock],
+                &[owner.as_bytes(), ms(ttl).to_string().as_bytes()],
+            )
+            .await
+            .map_err(|e| LockError::backend(name, e))?;
+            Ok(if r == 1 {
+                Extended::Extended
+            } else {
+                Extended::Lost
+            })
+        })
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async move {
+            let (_, sub) = self.conn(name)?;
+            let channel = redis_keys(name).channel;
+            let mut watch = sub.queues.register(&channel);
+            if self.inner.pubsub_refused.load(Ordering::Relaxed) {
+                watch.set_fallback_only();
+                return Ok(watch);
+            }
+            let (tx, rx) = oneshot::channel();
+            if sub.ctl.send(Ctl::Subscribe(channel, tx)).is_err() {
+                watch.set_fallback_only();
+                return Ok(watch);
+            }
+            match rx.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    if is_refusal(&e) && !self.inner.pubsub_refused.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            seeds = %self.inner.label,
+                            error = %e,
+                            "dlock: the cluster refused SSUBSCRIBE (Redis 7 and, for an ACL user, `&dlock:*` are needed); waiters fall back to the holder's remaining lease"
+                        );
+                    }
+                    watch.set_fallback_only();
+                }
+                Err(_) => watch.set_fallback_only(),
+            }
+            Ok(watch)
+        })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        match self.conn(name) {
+            Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
+            Err(_) => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_script_publishes_sharded() {
+        assert!(
+            RELEASE_SRC.contains(PUBLISH_CALL),
+            "release.lua no longer has the PUBLISH line this backend rewrites to SPUBLISH"
+        );
+        assert!(RELEASE.src.contains(SPUBLISH_CALL));
+        assert!(!RELEASE.src.contains(PUBLISH_CALL));
+        assert_ne!(RELEASE.sha, Script::new(RELEASE_SRC).get_hash());
+        assert_eq!(ACQUIRE.sha, Script::new(ACQUIRE_SRC).get_hash());
+    }
+}

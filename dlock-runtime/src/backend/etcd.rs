@@ -1,0 +1,1046 @@
+//! The etcd backend: a key per contender under a lease, the lowest create revision holds.
+//!
+//! Layout: `<prefix>/<escaped name>/<lease id hex>-<16 random hex>`, value = the owner id.
+//!
+//! - **Leases: one per backend and whole-second ttl**, shared by every key this backend creates
+//!   with that ttl (`ceil(ttl)` seconds, at least 1). Why not one per backend: a lock's ttl is the
+//!   promise the guard keeps (its deadline is `send time + ttl` after each renewal), so the lease
+//!   behind it must last at least that long after a renewal, and a crashed holder should free the
+//!   name after its ttl, as on Redis. Why not one per guard: a grant per acquisition and a revoke
+//!   per release would make an uncontended acquisition three requests instead of two. In
+//!   practice an application uses one or two ttls, so this is one lease (or two) per process.
+//!   A lease is granted on first use, kept alive by a background task every third of its ttl
+//!   while any key uses it, and revoked after it has been unused for one ttl.
+//! - `try_acquire` creates the caller's key in one transaction: if absent, put it under the
+//!   lease and read the two newest keys of the name (its own and its predecessor). Alone: the
+//!   lock is granted, with the key's **create revision as fencing token** (etcd's global
+//!   revision: strictly increasing across all holders of every name). Otherwise the contender
+//!   stays queued and watches **its predecessor only** (the key with the largest create revision
+//!   below its own, as etcd's `concurrency.Mutex` does): one notification per release. The next
+//!   try re-checks in one read-only transaction (own key still there? predecessor left?).
+//! - `release` deletes the key (after `keep_for` when given); a queued contender's key (a wait
+//!   that ended) is deleted too. A create whose reply was lost is found by its name, which the
+//!   client chose before sending, so it leaves no orphan.
+//! - `extend` refreshes the lease with one keep-alive and checks that the key is still there
+//!   (both at once). A revoked or expired lease, or a deleted key, answers `Lost`; a server that
+//!   does not answer makes the guard's own deadline (`ttl` from the last confirmed renewal, never
+//!   later than the lease on the server) fire `lost()`.
+//! - Every request is bounded by the request timeout and by the lease's ttl.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use etcd_client as etcd;
+use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
+use tokio::time::Instant;
+
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::wait::WaitQueues;
+
+/// Builder of an [`EtcdBackend`].
+#[derive(Clone)]
+pub struct EtcdBackendBuilder {
+    endpoints: Vec<String>,
+    prefix: String,
+    request_timeout: Duration,
+    connect_timeout: Duration,
+    user: Option<(String, String)>,
+    #[cfg(feature = "tls")]
+    tls: Option<etcd::TlsOptions>,
+}
+
+impl std::fmt::Debug for EtcdBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackendBuilder")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("request_timeout", &self.request_timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("user", &self.user.as_ref().map(|(u, _)| u))
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackendBuilder {
+    /// Key prefix of the lock keys (default `/dlock`).
+    pub fn prefix(mut self, prefix: &str) -> Self {
+        self.prefix = prefix.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// Bound of every request to the server (default 5 s; a request is also never allowed to
+    /// outlast the lease it works for).
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// Bound of connecting (default 5 s).
+    pub fn connect_timeout(mut self, t: Duration) -> Self {
+        self.connect_timeout = t;
+        self
+    }
+
+    /// etcd authentication (user and password).
+    pub fn user(mut self, name: &str, password: &str) -> Self {
+        self.user = Some((name.to_string(), password.to_string()));
+        self
+    }
+
+    /// TLS with this CA certificate (PEM) for `https://` endpoints (feature `tls`).
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
+        let ca = etcd::Certificate::from_pem(pem);
+        self.tls = Some(etcd::TlsOptions::new().ca_certificate(ca));
+        self
+    }
+
+    /// Connects (bounded by the connect timeout) and checks that the cluster answers.
+    pub async fn build(self) -> Result<EtcdBackend, LockError> {
+        if !self.prefix.starts_with('/') || self.prefix.len() < 2 {
+            return Err(LockError::Config(format!(
+                "etcd key prefix must start with `/` and not be `/` alone, got {:?}",
+                self.prefix
+            )));
+        }
+        if self.endpoints.is_empty() {
+            return Err(LockError::Config("etcd: no endpoint given".into()));
+        }
+        let mut opts = etcd::ConnectOptions::new()
+            .with_connect_timeout(self.connect_timeout)
+            .with_timeout(self.request_timeout)
+            .with_keep_alive(Duration::from_secs(2), self.request_timeout)
+            .with_require_leader(true);
+        if let Some((u, p)) = &self.user {
+            opts = opts.with_user(u.clone(), p.clone());
+        }
+        #[cfg(feature = "tls")]
+        if let Some(t) = &self.tls {
+            opts = opts.with_tls(t.clone());
+        }
+        let bound = self.connect_timeout.max(self.request_timeout);
+        let eps = self.endpoints.clone();
+        let mut client =
+            match tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await {
+                Ok(Ok(c)) => c,
+                Ok(Err(e)) => return Err(be("", e)),
+                Err(_) => return Err(be("", "connecting to etcd timed out")),
+            };
+        // One read, so a wrong address or credentials fail here rather than at the first lock.
+        match tokio::time::timeout(
+            bound,
+            client.get("/", Some(GetOptions::new().with_count_only())),
+        )
+        .await
+        {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(be("", e)),
+            Err(_) => return Err(be("", "etcd did not answer within the timeout")),
+        }
+        Ok(EtcdBackend {
+            inner: Arc::new_cyclic(|this| Inner {
+                this: this.clone(),
+                cfg: self,
+                client,
+                holds: Mutex::new(HashMap::new()),
+                leases: Mutex::new(HashMap::new()),
+                waiters: WaitQueues::new(),
+                notifications: AtomicU64::new(0),
+                requests: AtomicU64::new(0),
+            }),
+        })
+    }
+}
+
+fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> LockError {
+    LockError::Backend {
+        key: key.to_string(),
+        source: e.into(),
+    }
+}
+
+/// One lease shared by the keys of one whole-second ttl.
+#[derive(Debug)]
+struct Lease {
+    id: i64,
+    secs: i64,
+    /// Revoked, not found, or not confirmed within its ttl: its keys are gone or going.
+    dead: AtomicBool,
+    /// Keys (held or queued) of this backend attached to it.
+    users: Mutex<usize>,
+}
+
+impl Lease {
+    fn users(&self) -> MutexGuard<'_, usize> {
+        self.users.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+#[derive(Debug)]
+struct Hold {
+    key: String,
+    lease: Arc<Lease>,
+    /// Create revision of the key (0 while the create's reply is unknown).
+    rev: i64,
+    held: bool,
+    count: u32,
+    /// The armed watch on the predecessor.
+    watching: Option<PredWatch>,
+}
+
+#[derive(Debug)]
+struct PredWatch {
+    pred: String,
+    task: tokio::task::AbortHandle,
+    /// Set when the predecessor was deleted (or the watch ended): only then is a re-check
+    /// worth a request. Until then a try answers Busy locally.
+    fired: Arc<AtomicBool>,
+}
+
+struct Inner {
+    cfg: EtcdBackendBuilder,
+    client: etcd::Client,
+    holds: Mutex<HashMap<(String, String), Hold>>,
+    leases: Mutex<HashMap<i64, Arc<Lease>>>,
+    waiters: Arc<WaitQueues>,
+    notifications: AtomicU64,
+    requests: AtomicU64,
+    /// This backend's own `Arc` (for tasks it spawns).
+    this: std::sync::Weak<Inner>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("cfg", &self.cfg)
+            .field("leases", &self.leases().len())
+            .field("holds", &self.holds().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Locks on etcd (feature `etcd`). See the module documentation for the protocol.
+#[derive(Debug, Clone)]
+pub struct EtcdBackend {
+    inner: Arc<Inner>,
+}
+
+fn escape(name: &str) -> String {
+    let mut s = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' && !s.is_empty() {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+fn lease_secs(ttl: Duration) -> i64 {
+    let s = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    s.clamp(1, i64::MAX as u64) as i64
+}
+
+impl EtcdBackend {
+    /// A builder for these endpoints (`host:port` or `http(s)://host:port`).
+    pub fn builder<S: AsRef<str>>(endpoints: &[S]) -> EtcdBackendBuilder {
+        EtcdBackendBuilder {
+            endpoints: endpoints.iter().map(|e| e.as_ref().to_string()).collect(),
+            prefix: "/dlock".to_string(),
+            request_timeout: Duration::from_secs(5),
+            connect_timeout: Duration::from_secs(5),
+            user: None,
+            #[cfg(feature = "tls")]
+            tls: None,
+        }
+    }
+
+    /// Connects to `etcd://host:port[,host:port...]` with the default settings.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
+            LockError::Config(format!("an etcd URL starts with etcd://, got {url:?}"))
+        })?;
+        let eps: Vec<&str> = rest
+            .trim_end_matches('/')
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .collect();
+        Self::builder(&eps).build().await
+    }
+
+    /// The key prefix of `name`'s contender keys (ends with `/`).
+    pub fn lock_prefix(&self, name: &str) -> String {
+        self.inner.lock_prefix(name)
+    }
+
+    /// The client this backend uses (for inspection and tools).
+    pub fn client(&self) -> etcd::Client {
+        self.inner.client.clone()
+    }
+
+    /// Predecessor-watch notifications this backend received so far: one per release that
+    /// unblocks one of its contenders (no herd).
+    pub fn watch_notifications(&self) -> u64 {
+        self.inner.notifications.load(Ordering::Relaxed)
+    }
+
+    /// Requests sent to etcd by lock operations so far (acquire, re-check, watch, release,
+    /// extend; not the background lease keep-alives).
+    pub fn requests(&self) -> u64 {
+        self.inner.requests.load(Ordering::Relaxed)
+    }
+
+    /// Number of callers waiting in this process.
+    pub fn waiter_count(&self) -> usize {
+        self.inner.waiters.waiter_count()
+    }
+
+    /// Ids of the leases this backend currently keeps alive.
+    pub fn lease_ids(&self) -> Vec<i64> {
+        self.inner.leases().keys().copied().collect()
+    }
+}
+
+impl Inner {
+    fn me(&self) -> Option<Arc<Inner>> {
+        self.this.upgrade()
+    }
+
+    fn holds(&self) -> MutexGuard<'_, HashMap<(String, String), Hold>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn leases(&self) -> MutexGuard<'_, HashMap<i64, Arc<Lease>>> {
+        self.leases.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_prefix(&self, name: &str) -> String {
+        format!("{}/{}/", self.cfg.prefix, escape(name))
+    }
+
+    fn bound(&self, ttl: Duration) -> Duration {
+        self.cfg
+            .request_timeout
+            .min(ttl.max(Duration::from_millis(100)))
+    }
+
+    /// One request, bounded by `bound` in total. A request that found no connection (a member
+    /// is down: connection refused, so nothing was sent) is retried on the client's other
+    /// endpoints within the same bound.
+    async fn call<T, F, Fut>(&self, key: &str, bound: Duration, mut f: F) -> Result<T, LockError>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + bound;
+        loop {
+            match tokio::time::timeout_at(deadline, f(self.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(be(key, e)),
+                Err(_) => return Err(be(key, "etcd request timed out")),
+            }
+        }
+    }
+
+    /// A live lease for `secs`, granted when there is none; its user count is incremented.
+    async fn lease_for(self: &Arc<Self>, name: &str, secs: i64) -> Result<Arc<Lease>, LockError> {
+        {
+            let leases = self.leases();
+            if let Some(l) = leases
+                .values()
+                .find(|l| l.secs == secs && !l.dead.load(Ordering::Acquire))
+            {
+                *l.users() += 1;
+                return Ok(l.clone());
+            }
+        }
+        let bound = self.bound(Duration::from_secs(secs as u64));
+        let r = self
+            .call(name, bound, |mut c| async move {
+                c.lease_grant(secs, None).await
+            })
+            .await?;
+        let lease = Arc::new(Lease {
+            id: r.id(),
+            secs,
+            dead: AtomicBool::new(false),
+            users: Mutex::new(1),
+        });
+        self.leases().insert(lease.id, lease.clone());
+        let me = Arc::downgrade(self);
+        tokio::spawn(keep_alive(me, lease.clone(), Instant::now()));
+        Ok(lease)
+    }
+
+    fn forget(&self, h: &Hold) {
+        if let Some(w) = &h.watching {
+            w.task.abort();
+        }
+        let mut u = h.lease.users();
+        *u = u.saturating_sub(1);
+    }
+
+    async fn try_acquire(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Acquired, LockError> {
+        let hk = (name.to_string(), owner.to_string());
+        let bound = self.bound(ttl);
+        let existing = {
+            let holds = self.holds();
+            let h = holds.get(&hk);
+            if let Some(h) = h
+                && !h.held
+                && !h.lease.dead.load(Ordering::Acquire)
+                && h.watching
+                    .as_ref()
+                    .is_some_and(|w| !w.fired.load(Ordering::Acquire))
+            {
+                // Queued behind a predecessor that is still there (its delete would have fired
+                // the watch): still busy, no request needed. Other local waiters woken for
+                // this name end here, so a release costs one re-check, not one per waiter.
+                return Ok(Acquired::Busy { remaining: None });
+            }
+            h.map(|h| (h.key.clone(), h.rev, h.held, h.lease.clone()))
+        };
+        let (key, rev, lease, pred, header_rev) = match existing {
+            Some((key, rev, held, lease)) if rev > 0 && !lease.dead.load(Ordering::Acquire) => {
+                // Known key: a re-entry, or a queued contender re-checking.
+                let txn = Txn::new().and_then([
+                    TxnOp::get(key.clone(), None),
+                    TxnOp::get(
+                        self.lock_prefix(name),
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_sort(SortTarget::Create, SortOrder::Descend)
+                                .with_max_create_revision(rev - 1)
+                                .with_limit(1)
+                                .with_keys_only(),
+                        ),
+                    ),
+                ]);
+                let r = self
+                    .call(name, bound, |mut c| {
+                        let t = txn.clone();
+                        async move { c.txn(t).await }
+                    })
+                    .await?;
+                let ops = r.op_responses();
+                let mine = range_kvs(ops.first());
+                if !mine.iter().any(|kv| kv.create_revision() == rev) {
+                    // Deleted behind our back, or its lease ended.
+                    if let Some(h) = self.holds().remove(&hk) {
+                        self.forget(&h);
+                    }
+                    if held {
+                        // A re-entry of a lost hold: the caller's chain reports it lost.
+                        return Box::pin(self.try_acquire(name, owner, ttl)).await;
+                    }
+                    return Err(be(name, "etcd lock key vanished (lease lost?)"));
+                }
+                if held {
+                    let mut holds = self.holds();
+                    let h = holds.get_mut(&hk).expect("present");
+                    h.count = h.count.saturating_add(1);
+                    return Ok(Acquired::Granted {
+                        token: rev as u64,
+                        count: h.count,
+                    });
+                }
+                let pred = range_kvs(ops.get(1))
+                    .first()
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                let hr = r.header().map_or(0, |h| h.revision());
+                (key, rev, lease, pred, hr)
+            }
+            other => {
+                if other.is_some() {
+                    // A key of a dead lease (or one whose create was never confirmed).
+                    self.abandon(&hk, bound).await;
+                }
+                let lease = self.lease_for(name, lease_secs(ttl)).await?;
+                let mut uid = [0u8; 8];
+                if let Err(e) = getrandom::fill(&mut uid) {
+                    *lease.users() -= 1;
+                    return Err(be(name, e.to_string()));
+                }
+                let uid: String = uid.iter().map(|b| format!("{b:02x}")).collect();
+                let prefix = self.lock_prefix(name);
+                let key = format!("{prefix}{:016x}-{uid}", lease.id);
+                // Recorded before the create is sent: a wait that ends before the reply
+                // (a dropped future, a timeout) deletes the key by this name.
+                self.holds().insert(
+                    hk.clone(),
+                    Hold {
+                        key: key.clone(),
+                        lease: lease.clone(),
+                        rev: 0,
+                        held: false,
+                        count: 0,
+                        watching: None,
+                    },
+                );
+                let txn = Txn::new()
+                    .when([
+                        Compare::create_revision(key.clone(), CompareOp::Equal, 0),
+                        // Not given up already (see `delete_unconfirmed`).
+                        Compare::create_revision(self.cancel_marker(&key), CompareOp::Equal, 0),
+                    ])
+                    .and_then([
+                        TxnOp::put(
+                            key.clone(),
+                            owner.as_bytes(),
+                            Some(PutOptions::new().with_lease(lease.id)),
+                        ),
+                        TxnOp::get(
+                            prefix,
+                            Some(
+                                GetOptions::new()
+                                    .with_prefix()
+                                    .with_sort(SortTarget::Create, SortOrder::Descend)
+                                    .with_limit(2)
+                                    .with_keys_only(),
+                            ),
+                        ),
+                    ]);
+                let r = match self
+                    .call(name, bound, |mut c| {
+                        let t = txn.clone();
+                        async move { c.txn(t).await }
+                    })
+                    .await
+                {
+                    Ok(r) if r.succeeded() => r,
+                    Ok(_) => {
+                        self.abandon(&hk, bound).await;
+                        return Err(be(name, "etcd lock key already existed"));
+                    }
+                    Err(e) => {
+                        if e.to_string().contains("lease not found") {
+                            // Expired or revoked (its keep-alive task may have stopped with the
+                            // runtime that ran it): the next try grants a new one.
+                            lease.dead.store(true, Ordering::Release);
+                            self.leases().remove(&lease.id);
+                        }
+                        // The reply may be lost after the server created the key: delete it
+                        // by its name (no orphan).
+                        self.abandon(&hk, bound).await;
+                        return Err(e);
+                    }
+                };
+                let ops = r.op_responses();
+                let kvs = range_kvs(ops.get(1));
+                let Some(rev) = kvs
+                    .iter()
+                    .find(|kv| kv.key() == key.as_bytes())
+                    .map(|kv| kv.create_revision())
+                else {
+                    self.abandon(&hk, bound).await;
+                    return Err(be(name, "etcd lock key missing right after its create"));
+                };
+                let pred = kvs
+                    .iter()
+                    .find(|kv| kv.create_revision() < rev)
+                    .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                if let Some(h) = self.holds().get_mut(&hk) {
+                    h.rev = rev;
+                }
+                if pred.is_some() && !self.waiters.has_waiters(name) {
+                    // Busy and nobody in this process waits for the name: a single try (or
+                    // the first try of a wait, which subscribes and tries again). Like etcd's
+                    // TryLock, take the key back now rather than leave it queued until the
+                    // give-up runs, so that it never becomes the holder of a name whose
+                    // contender has already left.
+                    self.abandon(&hk, bound).await;
+                    return Ok(Acquired::Busy { remaining: None });
+                }
+                let hr = r.header().map_or(rev, |h| h.revision());
+                (key, rev, lease, pred, hr)
+            }
+        };
+        let _ = (&key, &lease);
+        let Some(pred) = pred else {
+            let mut holds = self.holds();
+            let Some(h) = holds.get_mut(&hk) else {
+                // Given up meanwhile (the release ran first): not granted.
+                return Err(be(name, "etcd acquire was given up"));
+            };
+            if let Some(w) = h.watching.take() {
+                w.task.abort();
+            }
+            h.held = true;
+            h.count = 1;
+            return Ok(Acquired::Granted {
+                token: rev as u64,
+                count: 1,
+            });
+        };
+        // Queued: watch the predecessor only (again only when it changed: it gave up).
+        let armed = self
+            .holds()
+            .get(&hk)
+            .and_then(|h| {
+                h.watching
+                    .as_ref()
+                    .map(|w| w.pred == pred && !w.fired.load(Ordering::Acquire))
+            })
+            .unwrap_or(false);
+        if !armed {
+            let opts = etcd::WatchOptions::new().with_start_revision(header_rev + 1);
+            let stream = self
+                .call(name, bound, |mut c| {
+                    let (k, o) = (pred.clone(), opts.clone());
+                    async move { c.watch(k, Some(o)).await }
+                })
+                .await?;
+            let me = Arc::downgrade(self);
+            let wname = name.to_string();
+            let fired = Arc::new(AtomicBool::new(false));
+            let task = tokio::spawn(watch_predecessor(me, stream, wname, fired.clone()));
+            let mut holds = self.holds();
+            match holds.get_mut(&hk) {
+                Some(h) => {
+                    let new = PredWatch {
+                        pred,
+                        task: task.abort_handle(),
+                        fired,
+                    };
+                    if let Some(old) = h.watching.replace(new) {
+                        old.task.abort();
+                    }
+                }
+                None => task.abort(),
+            }
+        }
+        Ok(Acquired::Busy { remaining: None })
+    }
+
+    /// Deletes a contender's key and forgets it (best effort, bounded).
+    async fn abandon(&self, hk: &(String, String), bound: Duration) {
+        // The hold is forgotten only after the delete: a caller dropped meanwhile leaves it to
+        // the give-up's `release`, which deletes the key then (no orphan).
+        let Some((key, rev, lease)) = self
+            .holds()
+            .get(hk)
+            .map(|h| (h.key.clone(), h.rev, h.lease.clone()))
+        else {
+            return;
+        };
+        if rev == 0 {
+            self.delete_unconfirmed(&hk.0, &key, &lease, bound).await;
+        } else {
+            let _ = self
+                .call(&hk.0, bound, |mut c| {
+                    let k = key.clone();
+                    async move { c.delete(k, None).await }
+                })
+                .await;
+        }
+        let h = self.holds().remove(hk);
+        if let Some(h) = h {
+            self.forget(&h);
+        }
+    }
+
+    /// The key under which a given-up create is marked (outside every name's range: escaped
+    /// names never start with `.`).
+    fn cancel_marker(&self, key: &str) -> String {
+        let tail = key.strip_prefix(&self.cfg.prefix).unwrap_or(key);
+        format!("{}/.cancelled{tail}", self.cfg.prefix)
+    }
+
+    /// Removes a key whose create's outcome is unknown (its reply was not read: a dropped
+    /// future, a timeout). The create may still be applied after a plain delete, leaving an
+    /// orphan that its lease (kept alive for other keys) would never end. So one transaction
+    /// writes a cancel marker, which the create compares against, and deletes the key: after it,
+    /// the key is gone and cannot appear. The marker is deleted a while later (or goes with the
+    /// lease).
+    async fn delete_unconfirmed(&self, name: &str, key: &str, lease: &Lease, bound: Duration) {
+        if lease.dead.load(Ordering::Acquire) {
+            // A put under a dead lease fails: the create cannot succeed any more.
+            let _ = self
+                .call(name, bound, |mut c| {
+                    let k = key.to_string();
+                    async move { c.delete(k, None).await }
+                })
+                .await;
+            return;
+        }
+        let marker = self.cancel_marker(key);
+        let txn = Txn::new().and_then([
+            TxnOp::put(
+                marker.clone(),
+                "",
+                Some(PutOptions::new().with_lease(lease.id)),
+            ),
+            TxnOp::delete(key.to_string(), None),
+        ]);
+        let r = self
+            .call(name, bound, |mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+            .await;
+        if r.is_err() {
+            return;
+        }
+        let linger = self.cfg.request_timeout;
+        let c = self.client.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(linger).await;
+            let mut c = c;
+            let _ = tokio::time::timeout(linger, c.delete(marker, None)).await;
+        });
+    }
+
+    async fn release(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        let hk = (name.to_string(), owner.to_string());
+        let h = {
+            let mut holds = self.holds();
+            let Some(h) = holds.get_mut(&hk) else {
+                return Ok(Released::NotOwner);
+            };
+            if h.held && h.count > 1 && !all {
+                h.count -= 1;
+                return Ok(Released::Decremented(h.count));
+            }
+            holds.remove(&hk).expect("present")
+        };
+        if let Some(w) = &h.watching {
+            w.task.abort();
+        }
+        let bound = self.bound(Duration::from_secs(h.lease.secs as u64));
+        let me = Arc::clone(self);
+        let key = h.key.clone();
+        let held = h.held && !h.lease.dead.load(Ordering::Acquire);
+        let lease = h.lease.clone();
+        let name_s = name.to_string();
+        let delete = async move {
+            let r = me
+                .call(&name_s, bound, |mut c| {
+                    let k = key.clone();
+                    async move { c.delete(k, None).await }
+                })
+                .await;
+            let mut u = lease.users();
+            *u = u.saturating_sub(1);
+            r.map(|d| d.deleted() > 0)
+        };
+        if !held {
+            if h.rev == 0 {
+                self.delete_unconfirmed(name, &h.key, &h.lease, bound).await;
+                let mut u = h.lease.users();
+                *u = u.saturating_sub(1);
+            } else {
+                let _ = delete.await;
+            }
+            return Ok(Released::NotOwner);
+        }
+        match keep_for {
+            Some(k) if !k.is_zero() => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(k).await;
+                    if let Err(e) = delete.await {
+                        tracing::warn!(error = %e, "dlock: deleting an etcd lock key after keep_for failed; its lease ends it");
+                    }
+                });
+                Ok(Released::Freed)
+            }
+            _ => match delete.await? {
+                true => Ok(Released::Freed),
+                false => Ok(Released::NotOwner),
+            },
+        }
+    }
+
+    async fn extend(&self, name: &str, owner: &str, ttl: Duration) -> Result<Extended, LockError> {
+        let hk = (name.to_string(), owner.to_string());
+        let Some((key, rev, lease)) = self
+            .holds()
+            .get(&hk)
+            .filter(|h| h.held)
+            .map(|h| (h.key.clone(), h.rev, h.lease.clone()))
+        else {
+            return Ok(Extended::Lost);
+        };
+        if lease.dead.load(Ordering::Acquire) {
+            return Ok(Extended::Lost);
+        }
+        let bound = self.bound(ttl);
+        if lease_secs(ttl) > lease.secs {
+            // A longer lease than the key has: move the key to a lease of the new ttl (its
+            // create revision, the fencing token, stays).
+            return self.move_to_longer_lease(&hk, key, rev, lease, ttl).await;
+        }
+        let id = lease.id;
+        let keep = self.call(name, bound, |c| async move {
+            c.lease_client().keep_alive(id).await
+        });
+        let get = self.call(name, bound, |mut c| {
+            let k = key.clone();
+            async move { c.get(k, None).await }
+        });
+        let (k, g) = tokio::join!(keep, get);
+        if let Err(LockError::Backend { source, .. }) = &k
+            && source.to_string().contains("lease not found")
+        {
+            lease.dead.store(true, Ordering::Release);
+            return Ok(Extended::Lost);
+        }
+        k?;
+        let g = g?;
+        if g.kvs().iter().any(|kv| kv.create_revision() == rev) {
+            Ok(Extended::Extended)
+        } else {
+            Ok(Extended::Lost)
+        }
+    }
+}
+
+impl Inner {
+    async fn move_to_longer_lease(
+        self: &Inner,
+        hk: &(String, String),
+        key: String,
+        rev: i64,
+        old: Arc<Lease>,
+        ttl: Duration,
+    ) -> Result<Extended, LockError> {
+        let name = &hk.0;
+        let bound = self.bound(ttl);
+        let Some(me) = self.me() else {
+            return Err(be(name, "etcd backend is shutting down"));
+        };
+        let lease = me.lease_for(name, lease_secs(ttl)).await?;
+        let txn = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
+            .and_then([TxnOp::put(
+                key,
+                hk.1.as_bytes(),
+                Some(PutOptions::new().with_lease(lease.id)),
+            )]);
+        let r = match self
+            .call(name, bound, |mut c| {
+                let t = txn.clone();
+                async move { c.txn(t).await }
+            })
+            .await
+        {
+            Ok(r) => r,
+            Err(e) => {
+                *lease.users() -= 1;
+                return Err(e);
+            }
+        };
+        if !r.succeeded() {
+            *lease.users() -= 1;
+            return Ok(Extended::Lost);
+        }
+        match self.holds().get_mut(hk) {
+            Some(h) if h.rev == rev => h.lease = lease,
+            _ => {
+                *lease.users() -= 1;
+                return Ok(Extended::Lost);
+            }
+        }
+        *old.users() -= 1;
+        Ok(Extended::Extended)
+    }
+}
+
+/// Pause before retrying a request that could not be sent.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// True for an error that means the request never reached a server (no connection to the
+/// endpoint it was routed to), so sending it again is safe.
+fn not_sent(e: &etcd::Error) -> bool {
+    match e {
+        etcd::Error::GRpcStatus(s) => {
+            i32::from(s.code()) == 14 // UNAVAILABLE
+                && (s.message().contains("connect") || s.message().contains("not ready"))
+        }
+        etcd::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+fn range_kvs(op: Option<&etcd::TxnOpResponse>) -> Vec<etcd::KeyValue> {
+    match op {
+        Some(etcd::TxnOpResponse::Get(g)) => g.kvs().to_vec(),
+        _ => Vec::new(),
+    }
+}
+
+/// Waits for the predecessor's delete (or the end of the watch), then wakes this process's
+/// waiters for the name so its successor re-checks.
+async fn watch_predecessor(
+    me: std::sync::Weak<Inner>,
+    mut stream: etcd::WatchStream,
+    name: String,
+    fired: Arc<AtomicBool>,
+) {
+    // Ends on the predecessor's delete, a cancelled watch, or a broken stream (then the
+    // contender re-checks rather than wait on a dead watch).
+    while let Ok(Some(resp)) = stream.message().await {
+        if resp.canceled()
+            || resp
+                .events()
+                .iter()
+                .any(|e| e.event_type() == etcd::EventType::Delete)
+        {
+            break;
+        }
+    }
+    fired.store(true, Ordering::Release);
+    if let Some(me) = me.upgrade() {
+        me.notifications.fetch_add(1, Ordering::Relaxed);
+        while me.waiters.wake_one(&name) {}
+    }
+}
+
+/// Keeps `lease` alive every third of its ttl while this backend lives and the lease has users;
+/// revokes it after one ttl without users. Marks it dead when the server says it is gone or no
+/// keep-alive was confirmed within its ttl.
+async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Instant) {
+    let ttl = Duration::from_secs(lease.secs as u64);
+    let mut confirmed_until = granted + ttl;
+    let mut idle_since: Option<Instant> = None;
+    let mut keeper: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
+    let mark_dead = |me: &Inner| {
+        lease.dead.store(true, Ordering::Release);
+        me.leases().remove(&lease.id);
+        tracing::warn!(
+            lease = lease.id,
+            "dlock: etcd lease lost; its locks are lost"
+        );
+    };
+    loop {
+        tokio::time::sleep((ttl / 3).max(Duration::from_millis(100))).await;
+        let Some(me) = me.upgrade() else {
+            return;
+        };
+        if lease.dead.load(Ordering::Acquire) {
+            me.leases().remove(&lease.id);
+            return;
+        }
+        let revoke = {
+            let mut leases = me.leases();
+            let users = *lease.users();
+            if users == 0 {
+                let since = *idle_since.get_or_insert_with(Instant::now);
+                // Unused for one ttl: give it back (under the map lock, so no acquire picks it
+                // up meanwhile).
+                let idle = since.elapsed() >= ttl;
+                if idle {
+                    leases.remove(&lease.id);
+                    lease.dead.store(true, Ordering::Release);
+                }
+                idle
+            } else {
+                idle_since = None;
+                false
+            }
+        };
+        if revoke {
+            let mut c = me.client.clone();
+            let _ = tokio::time::timeout(me.cfg.request_timeout, c.lease_revoke(lease.id)).await;
+            return;
+        }
+        let bound = me
+            .cfg
+            .request_timeout
+            .min(ttl / 3)
+            .max(Duration::from_millis(100));
+        let sent = Instant::now();
+        let r = tokio::time::timeout(bound, async {
+            if keeper.is_none() {
+                let mut lc = me.client.lease_client();
+                keeper = Some(lc.keep_alive(lease.id).await?);
+                return Ok::<i64, etcd::Error>(lease.secs);
+            }
+            let (k, s) = keeper.as_mut().expect("set");
+            k.keep_alive().await?;
+            match s.message().await? {
+                Some(r) => Ok(r.ttl()),
+                None => Err(etcd::Error::LeaseKeepAliveError("stream closed".into())),
+            }
+        })
+        .await;
+        match r {
+            Ok(Ok(t)) if t > 0 => confirmed_until = sent + ttl,
+            Ok(Ok(_)) => {
+                mark_dead(&me);
+                return;
+            }
+            Ok(Err(e)) if e.to_string().contains("lease not found") => {
+                mark_dead(&me);
+                return;
+            }
+            Ok(Err(_)) | Err(_) => keeper = None,
+        }
+        if Instant::now() >= confirmed_until {
+            mark_dead(&me);
+            return;
+        }
+    }
+}
+
+impl Backend for EtcdBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.inner.try_acquire(name, owner, ttl))
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.inner.release(name, owner, keep_for, all))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.extend(name, owner, ttl))
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.inner.waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.waiters.has_waiters(name)
+    }
+
+    fn queues_contenders(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,883 @@
+//! Redlock: one lock over N independent Redis masters, held when a majority (N/2 + 1) granted it.
+//!
+//! Built by composing one [`RedisBackend`] per node through the [`Backend`] trait: every
+//! operation runs the single-node script on every node in parallel, each node bounded by the
+//! per-node timeout, and the outcome is decided as soon as the votes for or against reach a
+//! quorum (a slow or stopped node does not slow the call).
+//!
+//! * **Validity.** A grant is valid for `ttl - elapsed - drift` from the send time, with
+//!   `drift = ttl × drift_factor + drift_fixed` (default 1 % + 2 ms). The guard's deadline is
+//!   that validity ([`Backend::lease_margin`] returns the drift).
+//! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
+//!   including those that did not answer in time (after their acquire finished).
+//! * **Restarted nodes.** Every acquire and renewal also reads the node's `run_id`; a node whose
+//!   `run_id` changed (or that this backend first reaches after start-up) is not counted toward a
+//!   quorum until the longest ttl in use has passed since it came back.
+//! * **Fencing token.** The largest token among the counted grants. Any two quorums share a node,
+//!   and that node's token grew between them, so a later grant's token is larger than an earlier
+//!   one's as long as that shared node kept its fence key (see the README for what this does not
+//!   promise).
+//! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
+//!   on every node it freed, and those messages are merged so that one release wakes one local
+//!   waiter.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::redis::{RedisBackend, RedisBackendBuilder};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::wait::WaitQueues;
+
+/// Settings of a [`RedlockBackend`]; start with [`RedlockBackend::builder`].
+#[derive(Debug, Clone)]
+pub struct RedlockBuilder {
+    nodes: Vec<RedisBackendBuilder>,
+    node_timeout: Duration,
+    drift_factor: f64,
+    drift_fixed: Duration,
+    restart_delay: Option<Duration>,
+}
+
+impl RedlockBuilder {
+    /// How long one node may take to answer an acquire, extend or release before its vote
+    /// counts against (default 50 ms). Keep it small against the ttl.
+    pub fn node_timeout(mut self, t: Duration) -> Self {
+        self.node_timeout = t;
+        self
+    }
+
+    /// The clock-drift allowance: `ttl × factor + fixed` is taken off every lease's validity
+    /// (default `0.01` and 2 ms, as in the Redlock description).
+    pub fn drift(mut self, factor: f64, fixed: Duration) -> Self {
+        self.drift_factor = factor;
+        self.drift_fixed = fixed;
+        self
+    }
+
+    /// How long a restarted node (changed `run_id`) is left out of quorums. Default: the longest
+    /// ttl this backend has used so far. Set it when other processes use longer ttls.
+    pub fn restart_delay(mut self, d: Duration) -> Self {
+        self.restart_delay = Some(d);
+        self
+    }
+
+    /// Changes the settings of every node's [`RedisBackend`] (timeouts, TLS root, ...).
+    pub fn map_nodes(mut self, f: impl Fn(RedisBackendBuilder) -> RedisBackendBuilder) -> Self {
+        self.nodes = self.nodes.into_iter().map(f).collect();
+        self
+    }
+
+    /// Checks the URLs without connecting; connections are made on first use, and every node is
+    /// treated as freshly seen (left out of quorums for the restart delay) until reached.
+    pub fn build(self) -> Result<RedlockBackend, LockError> {
+        if self.nodes.is_empty() {
+            return Err(LockError::Config(
+                "Redlock needs at least one node URL".into(),
+            ));
+        }
+        if !(self.drift_factor >= 0.0 && self.drift_factor < 1.0) {
+            return Err(LockError::Config(
+                "Redlock drift factor must be in [0, 1)".into(),
+            ));
+        }
+        if self.node_timeout.is_zero() {
+            return Err(LockError::Config(
+                "Redlock node timeout must be positive".into(),
+            ));
+        }
+        let mut nodes = Vec::with_capacity(self.nodes.len());
+        for b in self.nodes {
+            nodes.push(Node {
+                backend: b.build()?,
+                state: Mutex::new(NodeState::default()),
+            });
+        }
+        let quorum = nodes.len() / 2 + 1;
+        let proxies: Arc<Mutex<HashMap<String, Proxy>>> = Arc::default();
+        let queues_cell: Arc<OnceLock<Weak<WaitQueues>>> = Arc::default();
+        let (p2, q2) = (proxies.clone(), queues_cell.clone());
+        let queues = WaitQueues::with_on_empty(Some(Box::new(move |name: &str| {
+            let mut map = p2.lock().unwrap_or_else(|e| e.into_inner());
+            let still = q2
+                .get()
+                .and_then(Weak::upgrade)
+                .is_some_and(|q| q.has_waiters(name));
+            if !still && let Some(p) = map.remove(name) {
+                p.stop.cancel();
+            }
+        })));
+        let _ = queues_cell.set(Arc::downgrade(&queues));
+        Ok(RedlockBackend {
+            inner: Arc::new(Inner {
+                nodes,
+                quorum,
+                node_timeout: self.node_timeout,
+                drift_factor: self.drift_factor,
+                drift_fixed: self.drift_fixed,
+                restart_delay: self.restart_delay,
+                max_ttl_ms: AtomicU64::new(0),
+                queues,
+                proxies,
+                next_proxy: AtomicU64::new(0),
+                dirty: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// Builds and reaches every node once (reading its `run_id`); fails unless a quorum answers.
+    pub async fn connect(self) -> Result<RedlockBackend, LockError> {
+        let b = self.build()?;
+        let t = b.inner.node_timeout.max(Duration::from_secs(2));
+        let futs = b.inner.nodes.iter().map(|n| async move {
+            match tokio::time::timeout(t, n.backend.server_run_id()).await {
+                Ok(Ok(id)) => {
+                    n.lock_state().run_id = Some(id);
+                    Ok(())
+                }
+                Ok(Err(e)) => Err(format!("{}: {e}", n.backend.url())),
+                Err(_) => Err(format!("{}: no answer within {t:?}", n.backend.url())),
+            }
+        });
+        let results = join_all(futs).await;
+        let ok = results.iter().filter(|r| r.is_ok()).count();
+        if ok < b.inner.quorum {
+            let errs: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+            return Err(LockError::backend(
+                "",
+                format!(
+                    "Redlock: only {ok} of {} nodes answered (a quorum is {}): {}",
+                    b.inner.nodes.len(),
+                    b.inner.quorum,
+                    errs.join("; ")
+                ),
+            ));
+        }
+        Ok(b)
+    }
+}
+
+/// Locks held by a majority of N independent Redis masters (the Redlock algorithm).
+///
+/// Cheap to clone. See the module documentation for the rules, and the README for what it
+/// promises: Redlock depends on bounded clock drift and on process pauses shorter than the
+/// validity, which a single server does not.
+#[derive(Clone)]
+pub struct RedlockBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    nodes: Vec<Node>,
+    quorum: usize,
+    node_timeout: Duration,
+    drift_factor: f64,
+    drift_fixed: Duration,
+    restart_delay: Option<Duration>,
+    /// The longest ttl this backend was asked for, in ms (the default restart delay).
+    max_ttl_ms: AtomicU64,
+    queues: Arc<WaitQueues>,
+    /// One subscription set per waited-on name.
+    proxies: Arc<Mutex<HashMap<String, Proxy>>>,
+    next_proxy: AtomicU64,
+    /// (node, name, owner) whose clean-up after a failed acquire is still pending on that node:
+    /// its votes for that owner are not counted until the clean-up ran.
+    dirty: Mutex<HashSet<(usize, String, String)>>,
+}
+
+struct Node {
+    backend: RedisBackend,
+    state: Mutex<NodeState>,
+}
+
+#[derive(Default)]
+struct NodeState {
+    run_id: Option<String>,
+    /// Not counted toward quorums before this instant (came back from a restart).
+    excluded_until: Option<Instant>,
+}
+
+impl Node {
+    fn lock_state(&self) -> std::sync::MutexGuard<'_, NodeState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+struct Proxy {
+    id: u64,
+    stop: tokio_util::sync::CancellationToken,
+    ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl fmt::Debug for RedlockBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let urls: Vec<&str> = self.inner.nodes.iter().map(|n| n.backend.url()).collect();
+        f.debug_struct("RedlockBackend")
+            .field("nodes", &urls)
+            .field("quorum", &self.inner.quorum)
+            .field("node_timeout", &self.inner.node_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Awaits every future (they run concurrently).
+async fn join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
+    let mut futs: Vec<Option<_>> = futs.into_iter().map(Some).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, slot) in futs.iter_mut().enumerate() {
+            if let Some(f) = slot {
+                match f.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => {
+                        out[i] = Some(v);
+                        *slot = None;
+                    }
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    out.into_iter()
+        .map(|v| v.expect("every future completed"))
+        .collect()
+}
+
+/// One node's answer to an acquire or extend, and whether it counts toward a quorum.
+type NodeReply<T> = (usize, Result<(T, bool), LockError>);
+
+impl RedlockBackend {
+    /// Starts building a Redlock backend over these node URLs (each a `redis://` URL of an
+    /// independent master; an odd count, 3 or 5, is typical).
+    pub fn builder<I, S>(urls: I) -> RedlockBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        RedlockBuilder {
+            nodes: urls
+                .into_iter()
+                .map(|u| {
+                    RedisBackend::builder(u.as_ref())
+                        .response_timeout(Duration::from_secs(1))
+                        .connection_timeout(Duration::from_millis(250))
+                        .reconnect_retries(1)
+                })
+                .collect(),
+            node_timeout: Duration::from_millis(50),
+            drift_factor: 0.01,
+            drift_fixed: Duration::from_millis(2),
+            restart_delay: None,
+        }
+    }
+
+    /// Connects with default settings; see [`RedlockBackend::builder`].
+    pub async fn connect<I, S>(urls: I) -> Result<Self, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder(urls).connect().await
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.inner.nodes.len()
+    }
+
+    /// Votes needed for a grant: N/2 + 1.
+    pub fn quorum(&self) -> usize {
+        self.inner.quorum
+    }
+
+    /// The drift allowance for a lease of `ttl`.
+    pub fn drift(&self, ttl: Duration) -> Duration {
+        self.inner.drift(ttl)
+    }
+
+    /// Number of local waiters on this backend.
+    pub fn waiter_count(&self) -> usize {
+        self.inner.queues.waiter_count()
+    }
+}
+
+impl Inner {
+    fn drift(&self, ttl: Duration) -> Duration {
+        ttl.mul_f64(self.drift_factor) + self.drift_fixed
+    }
+
+    fn note_ttl(&self, ttl: Duration) {
+        self.max_ttl_ms
+            .fetch_max(ttl.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    fn restart_delay(&self) -> Duration {
+        self.restart_delay
+            .unwrap_or_else(|| Duration::from_millis(self.max_ttl_ms.load(Ordering::Relaxed)))
+    }
+
+    /// Records node `i`'s `run_id`; true when its votes count toward a quorum now.
+    fn note_run_id(&self, i: usize, id: String) -> bool {
+        let node = &self.nodes[i];
+        let mut st = node.lock_state();
+        let now = Instant::now();
+        if st.run_id.as_deref() != Some(id.as_str()) {
+            let delay = self.restart_delay();
+            tracing::warn!(
+                node = %node.backend.url(),
+                excluded_ms = delay.as_millis() as u64,
+                "dlock: Redlock node restarted or first reached (new run_id); not counted toward quorums until the longest ttl has passed"
+            );
+            st.run_id = Some(id);
+            st.excluded_until = Some(now + delay);
+            return delay.is_zero();
+        }
+        match st.excluded_until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                st.excluded_until = None;
+                true
+            }
+            None => true,
+        }
+    }
+
+    fn is_dirty(&self, i: usize, name: &str, owner: &str) -> bool {
+        let d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
+        !d.is_empty() && d.contains(&(i, name.to_string(), owner.to_string()))
+    }
+
+    /// Runs `op` on every node in a task of its own, also reading the node's `run_id`, and
+    /// returns the receiver of the replies and the tasks.
+    fn fan_out<T, F>(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        op: F,
+    ) -> (
+        mpsc::UnboundedReceiver<NodeReply<T>>,
+        Vec<Option<tokio::task::JoinHandle<()>>>,
+    )
+    where
+        T: Send + 'static,
+        F: Fn(RedisBackend, String, String) -> BoxFuture<'static, Result<T, LockError>>,
+    {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut tasks = Vec::with_capacity(self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate() {
+            if self.is_dirty(i, name, owner) {
+                let _ = tx.send((
+                    i,
+                    Err(LockError::backend(
+                        name,
+                        "clean-up of an earlier try still pending on this node",
+                    )),
+                ));
+                tasks.push(None);
+                continue;
+            }
+            let fut = op(node.backend.clone(), name.to_string(), owner.to_string());
+            let backend = node.backend.clone();
+            let me = self.clone();
+            let tx = tx.clone();
+            tasks.push(Some(tokio::spawn(async move {
+                // The script is polled first, so it is queued on the connection before INFO: a
+                // run_id read after it names the instance it ran on, or a later one.
+                let (r, id) = tokio::join!(fut, backend.server_run_id());
+                let r = r.map(|v| {
+                    let counted = match id {
+                        Ok(id) => me.note_run_id(i, id),
+                        Err(_) => false,
+                    };
+                    (v, counted)
+                });
+                let _ = tx.send((i, r));
+            })));
+        }
+        (rx, tasks)
+    }
+
+    async fn acquire(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Acquired, LockError> {
+        let sent = Instant::now();
+        self.note_ttl(ttl);
+        let n = self.nodes.len();
+        let (mut rx, tasks) = self.fan_out(name, owner, move |b, name, owner| {
+            Box::pin(async move { b.try_acquire(&name, &owner, ttl).await })
+        });
+        let deadline = sent + self.node_timeout;
+        let mut answered: Vec<Option<Result<(Acquired, bool), ()>>> =
+            (0..n).map(|_| None).collect();
+        let (mut granted, mut against) = (0usize, 0usize);
+        let (mut token, mut count) = (0u64, 0u32);
+        let mut busy: Option<Option<Duration>> = None;
+        let mut first_err: Option<LockError> = None;
+        let mut reentry = false;
+        while granted < self.quorum && against <= n - self.quorum {
+            let Ok(Some((i, r))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+                break;
+            };
+            match r {
+                Ok((a, counted)) => {
+                    match a {
+                        Acquired::Granted { token: t, count: c } => {
+                            reentry |= c > 1;
+                            if counted {
+                                granted += 1;
+                                token = token.max(t);
+                                count = count.max(c);
+                            } else {
+                                against += 1;
+                            }
+                        }
+                        Acquired::Busy { remaining } => {
+                            against += 1;
+                            let prev = busy.flatten();
+                            busy = Some(match (prev, remaining) {
+                                (Some(a), Some(b)) => Some(a.max(b)),
+                                (a, b) => a.or(b),
+                            });
+                        }
+                    }
+                    answered[i] = Some(Ok((a, counted)));
+                }
+                Err(e) => {
+                    against += 1;
+                    first_err.get_or_insert(e);
+                    answered[i] = Some(Err(()));
+                }
+            }
+        }
+        if granted >= self.quorum {
+            let validity = ttl
+                .saturating_sub(sent.elapsed())
+                .saturating_sub(self.drift(ttl));
+            if !validity.is_zero() {
+                return Ok(Acquired::Granted { token, count });
+            }
+            first_err = Some(LockError::backend(
+                name,
+                format!(
+                    "Redlock: a quorum granted the lock but its validity was used up ({:?} elapsed, ttl {ttl:?})",
+                    sent.elapsed()
+                ),
+            ));
+            busy = None;
+        }
+        // Failed: give back whatever this try took, on every node.
+        self.clean_up(name, owner, reentry, &answered, tasks).await;
+        if let Some(remaining) = busy {
+            return Ok(Acquired::Busy { remaining });
+        }
+        Err(first_err.unwrap_or_else(|| {
+            LockError::backend(
+                name,
+                format!(
+                    "Redlock: no quorum ({granted} of {n} nodes granted within {:?}, {} needed)",
+                    self.node_timeout, self.quorum
+                ),
+            )
+        }))
+    }
+
+    /// Releases a failed try on every node. Nodes that answered are released now (bounded by
+    /// the node timeout); on nodes still busy with the try, the release follows its end in the
+    /// background, and until then this owner's votes there are not counted.
+    async fn clean_up(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        reentry: bool,
+        answered: &[Option<Result<(Acquired, bool), ()>>],
+        tasks: Vec<Option<tokio::task::JoinHandle<()>>>,
+    ) {
+        let mut now = Vec::new();
+        for (i, task) in tasks.into_iter().enumerate() {
+            let Some(task) = task else { continue };
+            // A re-entry only gives back the hold it added; a fresh try gives back everything.
+            let all = match &answered[i] {
+                Some(Ok((Acquired::Granted { count, .. }, _))) => *count <= 1,
+                Some(Ok((Acquired::Busy { .. }, _))) => continue,
+                Some(Err(())) | None => !reentry,
+            };
+            if !all && !matches!(answered[i], Some(Ok(_))) {
+                // A re-entry whose outcome is unknown: an extra count is cleared by the
+                // outermost release; a release here could delete the outer hold.
+                continue;
+            }
+            let backend = self.nodes[i].backend.clone();
+            if answered[i].is_some() {
+                now.push(async move {
+                    let _ = tokio::time::timeout(
+                        self.node_timeout,
+                        backend.release(name, owner, None, all),
+                    )
+                    .await;
+                });
+            } else {
+                let key = (i, name.to_string(), owner.to_string());
+                self.dirty
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(key.clone());
+                let me = self.clone();
+                tokio::spawn(async move {
+                    let _ = task.await;
+                    let _ = backend.release(&key.1, &key.2, None, all).await;
+                    me.dirty
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&key);
+                });
+            }
+        }
+        join_all(now).await;
+    }
+
+    async fn release(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        // Every node gets the release in a task of its own (a node that answers late still gets
+        // it); the answer is given once every node answered, or a quorum did and the node
+        // timeout passed, or at the latest after one second.
+        let n = self.nodes.len();
+        let started = Instant::now();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for node in &self.nodes {
+            let backend = node.backend.clone();
+            let (name, owner, tx) = (name.to_string(), owner.to_string(), tx.clone());
+            tokio::spawn(async move {
+                let _ = tx.send(backend.release(&name, &owner, keep_for, all).await);
+            });
+        }
+        drop(tx);
+        let mut results = Vec::with_capacity(n);
+        let hard = started + self.node_timeout.max(Duration::from_secs(1));
+        let soft = started + self.node_timeout;
+        while results.len() < n {
+            let until = if results.len() >= self.quorum {
+                soft
+            } else {
+                hard
+            };
+            match tokio::time::timeout_at(until.max(Instant::now()), rx.recv()).await {
+                Ok(Some(r)) => results.push(r),
+                _ => break,
+            }
+        }
+        let mut not_owner = 0;
+        let mut decremented: Option<u32> = None;
+        let mut ok = 0;
+        let mut first_err = None;
+        for r in results {
+            match r {
+                Ok(Released::NotOwner) => {
+                    ok += 1;
+                    not_owner += 1
+                }
+                Ok(Released::Decremented(c)) => {
+                    ok += 1;
+                    decremented = Some(decremented.map_or(c, |d| d.max(c)))
+                }
+                Ok(Released::Freed) => ok += 1,
+                Err(e) => {
+                    first_err.get_or_insert(e);
+                }
+            }
+        }
+        if ok == 0 {
+            return Err(first_err.unwrap_or_else(|| LockError::backend(name, "no node answered")));
+        }
+        if not_owner >= self.quorum || not_owner == ok {
+            return Ok(Released::NotOwner);
+        }
+        Ok(match decremented {
+            Some(c) => Released::Decremented(c),
+            None => Released::Freed,
+        })
+    }
+
+    async fn extend(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Extended, LockError> {
+        let sent = Instant::now();
+        self.note_ttl(ttl);
+        let n = self.nodes.len();
+        let (mut rx, _tasks) = self.fan_out(name, owner, move |b, name, owner| {
+            Box::pin(async move { b.extend(&name, &owner, ttl).await })
+        });
+        let deadline = sent + self.node_timeout;
+        let (mut extended, mut lost, mut failed) = (0usize, 0usize, 0usize);
+        let mut lost_nodes = Vec::new();
+        let mut first_err = None;
+        // Wait for every node (bounded): the nodes that lost the hold get it back below.
+        while extended + lost + failed < n {
+            let Ok(Some((i, r))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
+                break;
+            };
+            match r {
+                Ok((Extended::Extended, true)) => extended += 1,
+                Ok((Extended::Extended, false)) => failed += 1,
+                Ok((Extended::Lost, _)) => {
+                    lost += 1;
+                    lost_nodes.push(i);
+                }
+                Err(e) => {
+                    failed += 1;
+                    first_err.get_or_insert(e);
+                }
+            }
+            if lost > n - self.quorum {
+                break;
+            }
+        }
+        if extended >= self.quorum {
+            let validity = ttl
+                .saturating_sub(sent.elapsed())
+                .saturating_sub(self.drift(ttl));
+            if validity.is_zero() {
+                return Err(LockError::backend(
+                    name,
+                    "Redlock: the renewal's validity was used up before a quorum answered",
+                ));
+            }
+            // Put the hold back on nodes that forgot it (restarted, or its lease ran out
+            // there); a node another owner holds by now is left alone.
+            for i in lost_nodes {
+                let backend = self.nodes[i].backend.clone();
+                let (name, owner) = (name.to_string(), owner.to_string());
+                tokio::spawn(async move {
+                    match backend.try_acquire(&name, &owner, ttl).await {
+                        Ok(Acquired::Granted { .. }) => {
+                            tracing::debug!(key = %name, node = %backend.url(), "dlock: Redlock hold put back on a node that had lost it")
+                        }
+                        other => {
+                            tracing::debug!(key = %name, node = %backend.url(), result = ?other, "dlock: Redlock hold could not be put back on a node")
+                        }
+                    }
+                });
+            }
+            return Ok(Extended::Extended);
+        }
+        if lost > n - self.quorum {
+            return Ok(Extended::Lost);
+        }
+        Err(first_err.unwrap_or_else(|| {
+            LockError::backend(
+                name,
+                format!(
+                    "Redlock: renewal reached no quorum ({extended} of {n} nodes within {:?}, {} needed)",
+                    self.node_timeout, self.quorum
+                ),
+            )
+        }))
+    }
+
+    /// Makes sure node subscriptions exist for `name` while it has local waiters.
+    async fn watch(self: &Arc<Self>, name: &str) -> Result<Watch, LockError> {
+        let (mut watch, mut ready) = {
+            let mut map = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
+            let watch = self.queues.register(name);
+            let ready = match map.get(name) {
+                Some(p) => p.ready.clone(),
+                None => {
+                    let id = self.next_proxy.fetch_add(1, Ordering::Relaxed);
+                    let stop = tokio_util::sync::CancellationToken::new();
+                    let (tx, rx) = tokio::sync::watch::channel(false);
+                    map.insert(
+                        name.to_string(),
+                        Proxy {
+                            id,
+                            stop: stop.clone(),
+                            ready: rx.clone(),
+                        },
+                    );
+                    tokio::spawn(run_proxy(self.clone(), name.to_string(), id, stop, tx));
+                    rx
+                }
+            };
+            (watch, ready)
+        };
+        // Subscribed on the nodes (or given up on the slow ones) before returning.
+        let t = self.node_timeout * 4;
+        let r = tokio::time::timeout(t, ready.wait_for(|v| *v)).await;
+        if !matches!(r, Ok(Ok(_))) {
+            // No subscription confirmed in time: the holder's lease is the timer.
+            watch.set_fallback_only();
+        }
+        Ok(watch)
+    }
+}
+
+/// Subscribes to `name`'s release channel on every node and turns their messages into local
+/// wake-ups: one per release. A release publishes once on every node it freed; node `i`'s k-th
+/// message stands for the k-th release, so a local waiter is woken only when some node's count
+/// passes the number of wake-ups already given.
+async fn run_proxy(
+    inner: Arc<Inner>,
+    name: String,
+    id: u64,
+    stop: tokio_util::sync::CancellationToken,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
+    struct Cleanup<'a>(&'a Inner, &'a str, u64);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let mut map = self.0.proxies.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(self.1).is_some_and(|p| p.id == self.2) {
+                map.remove(self.1);
+            }
+        }
+    }
+    let _cleanup = Cleanup(&inner, &name, id);
+    let n = inner.nodes.len();
+    let (tx, mut rx) = mpsc::unbounded_channel::<usize>();
+    let subscribed = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::with_capacity(n);
+    for (i, node) in inner.nodes.iter().enumerate() {
+        let backend = node.backend.clone();
+        let (name, tx, stop) = (name.clone(), tx.clone(), stop.clone());
+        let subscribed = subscribed.clone();
+        let ready = ready.clone();
+        tasks.push(tokio::spawn(async move {
+            let w = tokio::select! {
+                _ = stop.cancelled() => return,
+                w = backend.watch(&name) => w,
+            };
+            let Ok(w) = w else { return };
+            if !w.is_fallback_only() {
+                let done = subscribed.fetch_add(1, Ordering::AcqRel) + 1;
+                if done as usize == n {
+                    let _ = ready.send(true);
+                }
+            }
+            loop {
+                tokio::select! {
+                    _ = stop.cancelled() => return,
+                    _ = w.woken() => {
+                        if tx.send(i).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    drop(tx);
+    // Ready once every node subscribed, or after the node timeout with a quorum of them.
+    let quorum = inner.quorum as u64;
+    let sub2 = subscribed.clone();
+    let ready2 = ready.clone();
+    let timeout = inner.node_timeout;
+    tokio::spawn(async move {
+        tokio::time::sleep(timeout).await;
+        while sub2.load(Ordering::Acquire) < quorum && !ready2.is_closed() {
+            tokio::time::sleep(timeout).await;
+        }
+        let _ = ready2.send(true);
+    });
+    let mut per_node = vec![0u64; n];
+    let mut wakes = 0u64;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            m = rx.recv() => {
+                let Some(i) = m else { break };
+                per_node[i] += 1;
+                if per_node[i] > wakes {
+                    wakes = per_node[i];
+                    inner.queues.wake_one(&name);
+                }
+            }
+        }
+    }
+    for t in tasks {
+        t.abort();
+    }
+}
+
+impl Backend for RedlockBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.inner.acquire(name, owner, ttl))
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.inner.release(name, owner, keep_for, all))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.extend(name, owner, ttl))
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.inner.watch(name))
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.queues.has_waiters(name)
+    }
+
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        self.inner.drift(ttl)
+    }
+}
+
+/// Connects to N independent Redis masters and registers them as one Redlock backend under
+/// `name` (replacing what was there). `urls` is any iterable of URL strings, e.g.
+/// `&["redis://10.0.0.1:6379", "redis://10.0.0.2:6379", "redis://10.0.0.3:6379"]`. Fails unless
+/// a quorum of the nodes answers now. For the knobs, use [`RedlockBackend::builder`] and
+/// [`crate::register`].
+pub async fn init_redlock<I, S>(name: &str, urls: I) -> Result<(), LockError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let backend = RedlockBackend::connect(urls).await?;
+    tracing::info!(
+        backend = name,
+        nodes = backend.node_count(),
+        "dlock: Redlock backend registered"
+    );
+    crate::register(name, backend);
+    Ok(())
+}

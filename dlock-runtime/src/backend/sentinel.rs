@@ -1,0 +1,559 @@
+//! The Sentinel backend: one Redis master found through Redis Sentinel, followed across failovers.
+//!
+//! The master is looked up with `SENTINEL get-master-addr-by-name` on the sentinels, and every
+//! sentinel's `+switch-master` channel is subscribed (RESP3 push, resubscribed after a
+//! reconnect): when the master changes, the composed [`RedisBackend`] is swapped for one on the
+//! new master at once (not at the next connection error), and every local waiter is woken so that
+//! it retries there. A call that fails also asks the sentinels again.
+//!
+//! With [`SentinelBuilder::min_replicas`], every grant is followed by `WAIT n timeout` on the
+//! connection that wrote it; when fewer replicas confirm, the grant is given back and the acquire
+//! fails with [`LockError::Backend`]. This narrows, but does not close, the window in which a
+//! failover to a replica that missed the grant loses the lock (replication stays asynchronous).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis::{ProtocolVersion, PushInfo, PushKind};
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use super::redis::{RedisBackend, RedisBackendBuilder};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::wait::WaitQueues;
+
+/// Settings of a [`SentinelBackend`]; start with [`SentinelBackend::builder`].
+#[derive(Clone)]
+pub struct SentinelBuilder {
+    master_name: String,
+    sentinels: Vec<String>,
+    min_replicas: Option<(usize, Duration)>,
+    username: Option<String>,
+    password: Option<String>,
+    db: i64,
+    node: Arc<dyn Fn(RedisBackendBuilder) -> RedisBackendBuilder + Send + Sync>,
+}
+
+impl fmt::Debug for SentinelBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelBuilder")
+            .field("master_name", &self.master_name)
+            .field("sentinels", &self.sentinels)
+            .field("min_replicas", &self.min_replicas)
+            .field("db", &self.db)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelBuilder {
+    /// After every grant, `WAIT replicas timeout`: fewer confirmations give the lock back and
+    /// fail the acquire with a [`LockError::Backend`]. The WAIT blocks the runtime's data
+    /// connection to the master for up to `timeout`.
+    pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.min_replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
+    /// Credentials for the master (ACL user and password); the sentinels' own URLs carry theirs.
+    pub fn master_auth(mut self, username: Option<&str>, password: &str) -> Self {
+        self.username = username.map(str::to_string);
+        self.password = Some(password.to_string());
+        self
+    }
+
+    /// The database number on the master (default 0).
+    pub fn db(mut self, db: i64) -> Self {
+        self.db = db;
+        self
+    }
+
+    /// Changes the settings of the master's [`RedisBackend`] (timeouts, retries).
+    pub fn map_master(
+        mut self,
+        f: impl Fn(RedisBackendBuilder) -> RedisBackendBuilder + Send + Sync + 'static,
+    ) -> Self {
+        self.node = Arc::new(f);
+        self
+    }
+
+    /// Finds the master through the sentinels, connects to it, and starts following failovers
+    /// (the listener runs on the current tokio runtime).
+    pub async fn connect(self) -> Result<SentinelBackend, LockError> {
+        if self.sentinels.is_empty() {
+            return Err(LockError::Config(
+                "Sentinel needs at least one sentinel URL".into(),
+            ));
+        }
+        let mut clients = Vec::new();
+        for url in &self.sentinels {
+            clients.push(redis::Client::open(url.as_str()).map_err(|e| {
+                LockError::Config(format!(
+                    "invalid sentinel URL {}: {e}",
+                    super::redis::redact_url(url)
+                ))
+            })?);
+        }
+        let queues_cell: Arc<OnceLock<Weak<WaitQueues>>> = Arc::default();
+        let proxies: Arc<Mutex<HashMap<String, Proxy>>> = Arc::default();
+        let (p2, q2) = (proxies.clone(), queues_cell.clone());
+        let queues = WaitQueues::with_on_empty(Some(Box::new(move |name: &str| {
+            let mut map = p2.lock().unwrap_or_else(|e| e.into_inner());
+            let still = q2
+                .get()
+                .and_then(Weak::upgrade)
+                .is_some_and(|q| q.has_waiters(name));
+            if !still && let Some(p) = map.remove(name) {
+                p.stop.cancel();
+            }
+        })));
+        let _ = queues_cell.set(Arc::downgrade(&queues));
+        let (gen_tx, _) = tokio::sync::watch::channel(0u64);
+        let inner = Arc::new(Inner {
+            cfg: self,
+            clients,
+            current: RwLock::new(None),
+            generation: gen_tx,
+            queues,
+            proxies,
+            next_proxy: AtomicU64::new(0),
+            last_refresh: Mutex::new(None),
+        });
+        let addr = inner.resolve().await?;
+        inner.switch_to(&addr)?;
+        let master = inner.current();
+        tokio::time::timeout(Duration::from_secs(2), master.backend.server_run_id())
+            .await
+            .map_err(|_| {
+                LockError::backend("", format!("the master {:?} did not answer", master.addr))
+            })??;
+        start_listeners(&inner)?;
+        Ok(SentinelBackend { inner })
+    }
+}
+
+/// Locks in a Sentinel-managed Redis master, following failovers. Cheap to clone.
+#[derive(Clone)]
+pub struct SentinelBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cfg: SentinelBuilder,
+    clients: Vec<redis::Client>,
+    current: RwLock<Option<Arc<Current>>>,
+    /// Bumped at every switch of master; waiting proxies re-subscribe on the new one.
+    generation: tokio::sync::watch::Sender<u64>,
+    queues: Arc<WaitQueues>,
+    proxies: Arc<Mutex<HashMap<String, Proxy>>>,
+    next_proxy: AtomicU64,
+    last_refresh: Mutex<Option<Instant>>,
+}
+
+struct Current {
+    addr: (String, u16),
+    backend: RedisBackend,
+}
+
+struct Proxy {
+    id: u64,
+    stop: tokio_util::sync::CancellationToken,
+    ready: tokio::sync::watch::Receiver<bool>,
+}
+
+impl fmt::Debug for SentinelBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SentinelBackend")
+            .field("master_name", &self.inner.cfg.master_name)
+            .field("master", &self.inner.current().addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SentinelBackend {
+    /// Starts building a backend for the master `master_name` watched by these sentinels
+    /// (`redis://host:26379` URLs).
+    pub fn builder<I, S>(master_name: &str, sentinel_urls: I) -> SentinelBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        SentinelBuilder {
+            master_name: master_name.to_string(),
+            sentinels: sentinel_urls
+                .into_iter()
+                .map(|s| s.as_ref().to_string())
+                .collect(),
+            min_replicas: None,
+            username: None,
+            password: None,
+            db: 0,
+            node: Arc::new(|b| b),
+        }
+    }
+
+    /// Connects with default settings; see [`SentinelBackend::builder`].
+    pub async fn connect<I, S>(master_name: &str, sentinel_urls: I) -> Result<Self, LockError>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        Self::builder(master_name, sentinel_urls).connect().await
+    }
+
+    /// The master in use now, as `host:port`.
+    pub fn master_addr(&self) -> String {
+        let c = self.inner.current();
+        format!("{}:{}", c.addr.0, c.addr.1)
+    }
+
+    /// Number of local waiters on this backend.
+    pub fn waiter_count(&self) -> usize {
+        self.inner.queues.waiter_count()
+    }
+}
+
+impl Inner {
+    fn current(&self) -> Arc<Current> {
+        self.current
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .expect("a master is set before the backend is handed out")
+    }
+
+    fn master_url(&self, host: &str, port: u16) -> String {
+        let auth = match (&self.cfg.username, &self.cfg.password) {
+            (Some(u), Some(p)) => format!("{u}:{p}@"),
+            (None, Some(p)) => format!(":{p}@"),
+            _ => String::new(),
+        };
+        format!("redis://{auth}{host}:{port}/{}", self.cfg.db)
+    }
+
+    /// Asks the sentinels, in order, for the master's address.
+    async fn resolve(&self) -> Result<(String, u16), LockError> {
+        let mut errs = Vec::new();
+        for c in &self.clients {
+            let r = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut con = c.get_multiplexed_async_connection().await?;
+                redis::cmd("SENTINEL")
+                    .arg("get-master-addr-by-name")
+                    .arg(&self.cfg.master_name)
+                    .query_async::<Option<(String, u16)>>(&mut con)
+                    .await
+            })
+            .await;
+            match r {
+                Ok(Ok(Some(addr))) => return Ok(addr),
+                Ok(Ok(None)) => errs.push(format!(
+                    "a sentinel does not know a master named {:?}",
+                    self.cfg.master_name
+                )),
+                Ok(Err(e)) => errs.push(e.to_string()),
+                Err(_) => errs.push("no answer within 1 s".into()),
+            }
+        }
+        Err(LockError::backend(
+            "",
+            format!(
+                "no sentinel named the master {:?}: {}",
+                self.cfg.master_name,
+                errs.join("; ")
+            ),
+        ))
+    }
+
+    /// Uses the master at `addr` from now on (no-op when it is the current one).
+    fn switch_to(&self, addr: &(String, u16)) -> Result<bool, LockError> {
+        let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
+        if cur.as_ref().is_some_and(|c| &c.addr == addr) {
+            return Ok(false);
+        }
+        let url = self.master_url(&addr.0, addr.1);
+        let backend = (self.cfg.node)(RedisBackend::builder(url)).build()?;
+        let old = cur.replace(Arc::new(Current {
+            addr: addr.clone(),
+            backend,
+        }));
+        drop(cur);
+        if let Some(old) = old {
+            tracing::warn!(
+                master = %self.cfg.master_name,
+                from = %format!("{}:{}", old.addr.0, old.addr.1),
+                to = %format!("{}:{}", addr.0, addr.1),
+                "dlock: Sentinel switched the master; following it"
+            );
+            self.generation.send_modify(|g| *g += 1);
+            self.queues.wake_all();
+        }
+        Ok(true)
+    }
+
+    /// After a failed call: ask the sentinels again (at most every 200 ms).
+    async fn refresh(&self) {
+        {
+            let mut last = self.last_refresh.lock().unwrap_or_else(|e| e.into_inner());
+            if last.is_some_and(|t| t.elapsed() < Duration::from_millis(200)) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        if let Ok(addr) = self.resolve().await {
+            let _ = self.switch_to(&addr);
+        }
+    }
+
+    async fn acquire(&self, name: &str, owner: &str, ttl: Duration) -> Result<Acquired, LockError> {
+        let backend = self.current().backend.clone();
+        let r = backend.try_acquire(name, owner, ttl).await;
+        let r = match r {
+            Err(e) => {
+                self.refresh().await;
+                return Err(e);
+            }
+            Ok(r) => r,
+        };
+        if let (Acquired::Granted { count, .. }, Some((n, timeout))) = (r, self.cfg.min_replicas) {
+            let acked = backend.wait_replicas(name, n, timeout).await;
+            if !matches!(acked, Ok(k) if k >= n) {
+                // Give back what this call added (a fresh grant entirely, a re-entry one hold).
+                let _ = backend.release(name, owner, None, count <= 1).await;
+                return Err(LockError::backend(
+                    name,
+                    match acked {
+                        Ok(k) => format!(
+                            "only {k} of {n} replicas confirmed the grant within {timeout:?}; given back"
+                        ),
+                        Err(e) => format!("WAIT for {n} replicas failed ({e}); grant given back"),
+                    },
+                ));
+            }
+        }
+        Ok(r)
+    }
+}
+
+/// Subscribes to `+switch-master` on every sentinel; a message naming our master switches to it.
+fn start_listeners(inner: &Arc<Inner>) -> Result<(), LockError> {
+    let (tx, mut rx) = mpsc::unbounded_channel::<String>();
+    for c in &inner.clients {
+        let info = c.get_connection_info().clone();
+        let resp3 = info
+            .redis_settings()
+            .clone()
+            .set_protocol(ProtocolVersion::RESP3);
+        let client = redis::Client::open(info.set_redis_settings(resp3))
+            .map_err(|e| LockError::Config(format!("sentinel client: {e}")))?;
+        let tx = tx.clone();
+        let push = move |p: PushInfo| -> Result<(), ()> {
+            if p.kind == PushKind::Message
+                && let Some(redis::Value::BulkString(payload)) = p.data.get(1)
+                && let Ok(s) = std::str::from_utf8(payload)
+            {
+                tx.send(s.to_string()).map_err(|_| ())?;
+            }
+            Ok(())
+        };
+        let config = ConnectionManagerConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(2)))
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_number_of_retries(usize::MAX)
+            .set_min_delay(Duration::from_millis(50))
+            .set_max_delay(Duration::from_millis(500))
+            .set_push_sender(push)
+            .set_automatic_resubscription();
+        let weak = Arc::downgrade(inner);
+        let mut m = ConnectionManager::new_lazy_with_config(client, config)
+            .map_err(|e| LockError::Config(format!("sentinel client: {e}")))?;
+        tokio::spawn(async move {
+            // Keep trying to subscribe while the backend lives (a sentinel may be down now);
+            // after that the manager resubscribes by itself after reconnects.
+            let mut subscribed = false;
+            loop {
+                if weak.strong_count() == 0 {
+                    return;
+                }
+                if !subscribed {
+                    subscribed =
+                        tokio::time::timeout(Duration::from_secs(2), m.subscribe("+switch-master"))
+                            .await
+                            .is_ok_and(|r| r.is_ok());
+                }
+                tokio::time::sleep(Duration::from_millis(if subscribed { 1000 } else { 500 }))
+                    .await;
+            }
+        });
+    }
+    drop(tx);
+    let weak = Arc::downgrade(inner);
+    let master = inner.cfg.master_name.clone();
+    tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            // "<master-name> <old-ip> <old-port> <new-ip> <new-port>"
+            let parts: Vec<&str> = msg.split_whitespace().collect();
+            let [name, _, _, ip, port] = parts.as_slice() else {
+                continue;
+            };
+            if *name != master {
+                continue;
+            }
+            let Ok(port) = port.parse::<u16>() else {
+                continue;
+            };
+            let Some(inner) = weak.upgrade() else { return };
+            if let Err(e) = inner.switch_to(&(ip.to_string(), port)) {
+                tracing::warn!(error = %e, "dlock: cannot follow the Sentinel failover");
+            }
+        }
+    });
+    Ok(())
+}
+
+/// One subscription on the current master per waited-on name; re-subscribed after a switch.
+async fn run_proxy(
+    inner: Arc<Inner>,
+    name: String,
+    id: u64,
+    stop: tokio_util::sync::CancellationToken,
+    ready: tokio::sync::watch::Sender<bool>,
+) {
+    struct Cleanup<'a>(&'a Inner, &'a str, u64);
+    impl Drop for Cleanup<'_> {
+        fn drop(&mut self) {
+            let mut map = self.0.proxies.lock().unwrap_or_else(|e| e.into_inner());
+            if map.get(self.1).is_some_and(|p| p.id == self.2) {
+                map.remove(self.1);
+            }
+        }
+    }
+    let _cleanup = Cleanup(&inner, &name, id);
+    let mut gen_rx = inner.generation.subscribe();
+    loop {
+        gen_rx.borrow_and_update();
+        let backend = inner.current().backend.clone();
+        let w = tokio::select! {
+            _ = stop.cancelled() => return,
+            w = backend.watch(&name) => w,
+        };
+        let _ = ready.send(true);
+        let Ok(w) = w else {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = gen_rx.changed() => continue,
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = gen_rx.changed() => break,
+                _ = w.woken() => { inner.queues.wake_one(&name); }
+            }
+        }
+    }
+}
+
+impl Backend for SentinelBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.inner.acquire(name, owner, ttl))
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.release(name, owner, keep_for, all).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.extend(name, owner, ttl).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async move {
+            let inner = &self.inner;
+            let (mut watch, mut ready) = {
+                let mut map = inner.proxies.lock().unwrap_or_else(|e| e.into_inner());
+                let watch = inner.queues.register(name);
+                let ready = match map.get(name) {
+                    Some(p) => p.ready.clone(),
+                    None => {
+                        let id = inner.next_proxy.fetch_add(1, Ordering::Relaxed);
+                        let stop = tokio_util::sync::CancellationToken::new();
+                        let (tx, rx) = tokio::sync::watch::channel(false);
+                        map.insert(
+                            name.to_string(),
+                            Proxy {
+                                id,
+                                stop: stop.clone(),
+                                ready: rx.clone(),
+                            },
+                        );
+                        tokio::spawn(run_proxy(inner.clone(), name.to_string(), id, stop, tx));
+                        rx
+                    }
+                };
+                (watch, ready)
+            };
+            let r = tokio::time::timeout(Duration::from_secs(3), ready.wait_for(|v| *v)).await;
+            if !matches!(r, Ok(Ok(_))) {
+                watch.set_fallback_only();
+            }
+            Ok(watch)
+        })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.queues.has_waiters(name)
+    }
+}
+
+/// Finds the master `master_name` through the sentinels and registers it under `name`
+/// (replacing what was there); failovers are followed. `sentinel_urls` is any iterable of URL
+/// strings such as `&["redis://127.0.0.1:26379", ...]`. For `min_replicas` and the other knobs,
+/// use [`SentinelBackend::builder`] and [`crate::register`].
+pub async fn init_sentinel<I, S>(
+    name: &str,
+    master_name: &str,
+    sentinel_urls: I,
+) -> Result<(), LockError>
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let backend = SentinelBackend::connect(master_name, sentinel_urls).await?;
+    tracing::info!(backend = name, master = %backend.master_addr(), "dlock: Sentinel backend registered");
+    crate::register(name, backend);
+    Ok(())
+}

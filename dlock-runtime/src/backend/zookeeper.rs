@@ -1,0 +1,735 @@
+//! The ZooKeeper backend: ephemeral sequential znodes, the lowest sequence holds the lock.
+//!
+//! Layout: `<root>/<escaped name>/_c_<32 hex>-lock-<sequence>`. The lock parent is a container
+//! node (ZooKeeper >= 3.5.3 removes it once empty), the contender nodes are ephemeral, so the
+//! session is the lease.
+//!
+//! - `try_acquire` creates the caller's node once (protected mode: the `_c_<guid>` prefix lets a
+//!   create whose reply was lost find and keep its own node instead of leaving an orphan), then
+//!   lists the children: the lowest sequence holds. A contender that is not lowest stays queued
+//!   (its node is kept under `(name, owner)`) and watches **its predecessor only**; the next try
+//!   re-checks instead of creating again.
+//! - `release` of a holder deletes its node (after `keep_for` when given); `release` of a queued
+//!   contender (a wait that ended) deletes its node too and answers `NotOwner`.
+//! - The fencing token is the node's creation zxid (`czxid`): ZooKeeper's global transaction id,
+//!   strictly increasing across holders of every name.
+//! - `extend` does not write: it checks that the node still exists (bounded by the request
+//!   timeout). `ttl` is not sent to the server; the session timeout is the lease. A session that
+//!   expired makes every hold answer `Lost`, and the next acquisition opens a new session.
+//!   The guard's own deadline (ttl from the last answered check) covers a disconnected session.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+use zookeeper_client as zk;
+
+use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::LockError;
+use crate::wait::WaitQueues;
+
+/// Builder of a [`ZookeeperBackend`].
+#[derive(Debug, Clone)]
+pub struct ZookeeperBackendBuilder {
+    hosts: String,
+    root: String,
+    session_timeout: Duration,
+    request_timeout: Duration,
+}
+
+impl ZookeeperBackendBuilder {
+    /// Session timeout asked of the server (default 10 s): how long after a crash or a pause a
+    /// holder's node stays.
+    pub fn session_timeout(mut self, t: Duration) -> Self {
+        self.session_timeout = t;
+        self
+    }
+
+    /// Root path of the lock nodes (default `/dlock`).
+    pub fn root(mut self, root: &str) -> Self {
+        self.root = root.trim_end_matches('/').to_string();
+        self
+    }
+
+    /// Bound of every request to the server (default 5 s).
+    pub fn request_timeout(mut self, t: Duration) -> Self {
+        self.request_timeout = t;
+        self
+    }
+
+    /// Connects (bounded by the request timeout).
+    pub async fn build(self) -> Result<ZookeeperBackend, LockError> {
+        if !self.root.starts_with('/') || self.root.len() < 2 {
+            return Err(LockError::Config(format!(
+                "ZooKeeper root must be an absolute path other than `/`, got {:?}",
+                self.root
+            )));
+        }
+        let session =
+            Session::open(&self.hosts, self.session_timeout, self.request_timeout).await?;
+        Ok(ZookeeperBackend {
+            inner: Arc::new(Inner {
+                cfg: self,
+                session: Mutex::new(session),
+                holds: Mutex::new(HashMap::new()),
+                waiters: WaitQueues::new(),
+                notifications: Default::default(),
+            }),
+        })
+    }
+}
+
+async fn connect(hosts: &str, session: Duration, bound: Duration) -> Result<zk::Client, LockError> {
+    let mut connector = zk::Client::connector();
+    connector.session_timeout(session).connection_timeout(bound);
+    let fut = connector.connect(hosts);
+    match tokio::time::timeout(bound, fut).await {
+        Ok(Ok(c)) => Ok(c),
+        Ok(Err(e)) => Err(be("", e)),
+        Err(_) => Err(be("", format!("connecting to ZooKeeper {hosts} timed out"))),
+    }
+}
+
+/// One ZooKeeper session: its client, the negotiated timeout, and a token cancelled once it
+/// ended (expired, closed or failed authentication) or was replaced.
+#[derive(Debug, Clone)]
+struct Session {
+    client: zk::Client,
+    id: i64,
+    timeout: Duration,
+    gone: CancellationToken,
+}
+
+impl Session {
+    /// Connects and starts the session-state watcher: a terminal state cancels `gone`, which
+    /// every guard of this session listens to (`lost()` at once, not at the guard's deadline).
+    async fn open(hosts: &str, session: Duration, bound: Duration) -> Result<Session, LockError> {
+        let client = connect(hosts, session, bound).await?;
+        let gone = CancellationToken::new();
+        let mut states = client.state_watcher();
+        let id = client.session_id().0;
+        let ended = gone.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    _ = ended.cancelled() => return,
+                    s = states.changed() => match s {
+                        zk::SessionState::Expired
+                        | zk::SessionState::Closed
+                        | zk::SessionState::AuthFailed => {
+                            tracing::warn!(session = id, state = ?s, "dlock: ZooKeeper session ended; its holds are lost");
+                            ended.cancel();
+                            return;
+                        }
+                        zk::SessionState::Disconnected => {
+                            // The guards' own deadlines (the session timeout from the last
+                            // answered check) apply until the session is back or expired.
+                            tracing::debug!(session = id, "dlock: ZooKeeper session disconnected");
+                        }
+                        _ => {}
+                    },
+                }
+            }
+        });
+        Ok(Session {
+            timeout: client.session_timeout(),
+            id,
+            client,
+            gone,
+        })
+    }
+
+    fn ended(&self) -> bool {
+        self.gone.is_cancelled()
+            || matches!(
+                self.client.state(),
+                zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+            )
+    }
+}
+
+fn is_no_node(e: &LockError) -> bool {
+    matches!(e, LockError::Backend { source, .. }
+        if matches!(source.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)))
+}
+
+fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> LockError {
+    LockError::Backend {
+        key: key.to_string(),
+        source: e.into(),
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Hold {
+    /// Full path of this contender's node.
+    path: String,
+    /// Session that created it.
+    session: i64,
+    held: bool,
+    count: u32,
+    token: u64,
+    /// A predecessor watch is armed.
+    watching: bool,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: ZookeeperBackendBuilder,
+    session: Mutex<Session>,
+    holds: Mutex<HashMap<(String, String), Hold>>,
+    waiters: Arc<WaitQueues>,
+    /// Predecessor-watch notifications received (for tests and metrics).
+    notifications: std::sync::atomic::AtomicU64,
+}
+
+/// Locks on ZooKeeper (feature `zookeeper`). See the module documentation for the protocol.
+#[derive(Debug, Clone)]
+pub struct ZookeeperBackend {
+    inner: Arc<Inner>,
+}
+
+fn seq_of(child: &str) -> Option<i64> {
+    let i = child.rfind("-lock-")?;
+    child[i + 6..].parse().ok()
+}
+
+fn escape(name: &str) -> String {
+    let mut s = String::with_capacity(name.len());
+    for b in name.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' && !s.is_empty() {
+            s.push(b as char);
+        } else {
+            s.push_str(&format!("%{b:02X}"));
+        }
+    }
+    s
+}
+
+impl ZookeeperBackend {
+    /// A builder for `hosts` (`host:port[,host:port...][/chroot]`).
+    pub fn builder(hosts: &str) -> ZookeeperBackendBuilder {
+        ZookeeperBackendBuilder {
+            hosts: hosts.to_string(),
+            root: "/dlock".to_string(),
+            session_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// Connects to `zk://host:port[,host:port...][/chroot]` with the default settings.
+    pub async fn connect(url: &str) -> Result<Self, LockError> {
+        let hosts = url.strip_prefix("zk://").ok_or_else(|| {
+            LockError::Config(format!("a ZooKeeper URL starts with zk://, got {url:?}"))
+        })?;
+        Self::builder(hosts).build().await
+    }
+
+    /// The directory of `name`'s contender nodes.
+    pub fn lock_dir(&self, name: &str) -> String {
+        format!("{}/{}", self.inner.cfg.root, escape(name))
+    }
+
+    /// The current session id (changes after an expired session was replaced).
+    pub fn session_id(&self) -> i64 {
+        self.inner.client().session_id().0
+    }
+
+    /// The session timeout the server granted for the current session (it may differ from the
+    /// one asked for: servers clamp it to 2..20 ticks). The guard's lease is at most this long.
+    pub fn session_timeout(&self) -> Duration {
+        self.inner.session().timeout
+    }
+
+    /// The current session's id and password, for tests that expire it from outside (attach a
+    /// second client to the session and close it). Not a stable API.
+    #[doc(hidden)]
+    pub fn session_info(&self) -> zk::SessionInfo {
+        self.inner.client().session().clone()
+    }
+
+    /// Predecessor-watch notifications this backend received so far: one per release that
+    /// unblocks one of its contenders (no herd).
+    pub fn watch_notifications(&self) -> u64 {
+        self.inner
+            .notifications
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Number of callers waiting in this process.
+    pub fn waiter_count(&self) -> usize {
+        self.inner.waiters.waiter_count()
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // Stops the state watcher of the current session.
+        self.session().gone.cancel();
+    }
+}
+
+impl Inner {
+    fn session(&self) -> MutexGuard<'_, Session> {
+        self.session.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn client(&self) -> zk::Client {
+        self.session().client.clone()
+    }
+
+    fn holds(&self) -> MutexGuard<'_, HashMap<(String, String), Hold>> {
+        self.holds.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The client, replaced by a new session when the current one expired or closed.
+    async fn live_client(&self) -> Result<zk::Client, LockError> {
+        let old = self.session().clone();
+        if !old.ended() {
+            return Ok(old.client);
+        }
+        let fresh = Session::open(
+            &self.cfg.hosts,
+            self.cfg.session_timeout,
+            self.cfg.request_timeout,
+        )
+        .await?;
+        let mut cur = self.session();
+        if cur.id != old.id && !cur.ended() {
+            // Another caller replaced it meanwhile: keep theirs, close ours.
+            fresh.gone.cancel();
+            return Ok(cur.client.clone());
+        }
+        old.gone.cancel();
+        *cur = fresh.clone();
+        drop(cur);
+        tracing::warn!(
+            old = old.id,
+            new = fresh.id,
+            "dlock: ZooKeeper session ended; a new session was opened"
+        );
+        Ok(fresh.client)
+    }
+
+    async fn bounded<T>(
+        &self,
+        key: &str,
+        f: impl std::future::Future<Output = Result<T, zk::Error>>,
+    ) -> Result<T, LockError> {
+        match tokio::time::timeout(self.cfg.request_timeout, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(be(key, e)),
+            Err(_) => Err(be(key, "ZooKeeper request timed out")),
+        }
+    }
+
+    /// Creates this contender's node (protected mode), returns (path, czxid).
+    async fn create_node(
+        self: &Arc<Self>,
+        c: &zk::Client,
+        name: &str,
+        dir: &str,
+        key: &(String, String),
+        session: i64,
+    ) -> Result<(String, u64), LockError> {
+        let mut guid = [0u8; 16];
+        getrandom::fill(&mut guid).map_err(|e| be(name, e.to_string()))?;
+        let guid: String = guid.iter().map(|b| format!("{b:02x}")).collect();
+        let prefix = format!("_c_{guid}-lock-");
+        let path = format!("{dir}/{prefix}");
+        // Recorded before the create is sent: a future dropped before the reply (a cancelled
+        // wait) leaves this pending entry, and `release` then finds the node by its prefix.
+        self.holds().insert(
+            key.clone(),
+            Hold {
+                path: path.clone(),
+                session,
+                held: false,
+                count: 0,
+                token: 0,
+                watching: false,
+            },
+        );
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        for _ in 0..3 {
+            match tokio::time::timeout(self.cfg.request_timeout, c.create(&path, b"", &opts)).await
+            {
+                Ok(Ok((stat, seq))) => return Ok((format!("{path}{seq}"), stat.czxid as u64)),
+                Ok(Err(zk::Error::NoNode)) => {
+                    let parent = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    match self.bounded(name, c.mkdir(dir, &parent)).await {
+                        Ok(()) => {}
+                        Err(LockError::Backend { source, .. })
+                            if matches!(
+                                source.downcast_ref::<zk::Error>(),
+                                Some(zk::Error::NodeExists)
+                            ) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(Err(e)) => {
+                    // Any other error (connection loss, the client's own timeout, ...) may
+                    // come after the server created the node: find it by its unique prefix,
+                    // delete it (retried in the background until done or the session ended),
+                    // and report the failure (no orphan).
+                    self.clean_orphan(name, c, dir, &prefix, session).await;
+                    return Err(be(name, e));
+                }
+                Err(_) => {
+                    self.clean_orphan(name, c, dir, &prefix, session).await;
+                    return Err(be(
+                        name,
+                        "ZooKeeper create timed out; its node, if made, is removed",
+                    ));
+                }
+            }
+        }
+        Err(be(name, "ZooKeeper lock parent keeps disappearing"))
+    }
+
+    async fn try_acquire(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        _ttl: Duration,
+    ) -> Result<Acquired, LockError> {
+        let key = (name.to_string(), owner.to_string());
+        let c = self.live_client().await?;
+        let session = c.session_id().0;
+        let existing = self.holds().get(&key).cloned();
+        let dir = format!("{}/{}", self.cfg.root, escape(name));
+        let (path, token) = match existing {
+            Some(h) if h.session == session => {
+                if h.held {
+                    // A re-entry: the node must still be there (it may have been deleted).
+                    let alive = self
+                        .bounded(name, c.check_stat(&h.path))
+                        .await?
+                        .is_some_and(|st| st.ephemeral_owner == session);
+                    if !alive {
+                        self.holds().remove(&key);
+                        return Box::pin(self.try_acquire(name, owner, _ttl)).await;
+                    }
+                    let mut holds = self.holds();
+                    let h = holds.get_mut(&key).expect("present");
+                    h.count = h.count.saturating_add(1);
+                    return Ok(Acquired::Granted {
+                        token: h.token,
+                        count: h.count,
+                    });
+                }
+                (h.path, h.token)
+            }
+            _ => {
+                // None, or a node of an expired session (gone with it).
+                self.holds().remove(&key);
+                let (path, token) = match self.create_node(&c, name, &dir, &key, session).await {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.holds().remove(&key);
+                        return Err(e);
+                    }
+                };
+                if let Some(h) = self.holds().get_mut(&key) {
+                    h.path = path.clone();
+                    h.token = token;
+                }
+                (path, token)
+            }
+        };
+        let mine = path.rsplit('/').next().unwrap_or("").to_string();
+        let my_seq = seq_of(&mine).unwrap_or(i64::MAX);
+        let children = match self.bounded(name, c.list_children(&dir)).await {
+            Ok(ch) => ch,
+            Err(e) => {
+                self.abandon(&key).await;
+                return Err(e);
+            }
+        };
+        let mut pred: Option<(i64, String)> = None;
+        let mut present = false;
+        for ch in &children {
+            let Some(s) = seq_of(ch) else { continue };
+            if *ch == mine {
+                present = true;
+            } else if s < my_seq && pred.as_ref().is_none_or(|(ps, _)| s > *ps) {
+                pred = Some((s, ch.clone()));
+            }
+        }
+        if !present {
+            self.holds().remove(&key);
+            return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
+        }
+        let Some((_, pred)) = pred else {
+            let mut holds = self.holds();
+            let h = holds.get_mut(&key).expect("present");
+            h.held = true;
+            h.count = 1;
+            return Ok(Acquired::Granted { token, count: 1 });
+        };
+        // Queued: watch the predecessor only.
+        let arm = {
+            let mut holds = self.holds();
+            let h = holds.get_mut(&key).expect("present");
+            !std::mem::replace(&mut h.watching, true)
+        };
+        if arm {
+            let pred_path = format!("{dir}/{pred}");
+            match self.bounded(name, c.check_and_watch_stat(&pred_path)).await {
+                Ok((Some(_), w)) => {
+                    let me = Arc::clone(self);
+                    let name = name.to_string();
+                    tokio::spawn(async move {
+                        let _ = w.changed().await;
+                        me.notifications
+                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        if let Some(h) = me.holds().get_mut(&key) {
+                            h.watching = false;
+                        }
+                        // The predecessor left (released or gave up): wake this process's waiters
+                        // for the name so the successor re-checks.
+                        while me.waiters.wake_one(&name) {}
+                    });
+                }
+                Ok((None, _)) => {
+                    // Predecessor already gone: the caller retries at once.
+                    if let Some(h) = self.holds().get_mut(&key) {
+                        h.watching = false;
+                    }
+                    while self.waiters.wake_one(name) {}
+                }
+                Err(e) => {
+                    if let Some(h) = self.holds().get_mut(&key) {
+                        h.watching = false;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(Acquired::Busy { remaining: None })
+    }
+
+    /// Deletes the nodes under `dir` whose name starts with `prefix` (one create's node, found
+    /// by its unique prefix). True once none is left.
+    async fn delete_by_prefix(&self, name: &str, c: &zk::Client, dir: &str, prefix: &str) -> bool {
+        let children = match self.bounded(name, c.list_children(dir)).await {
+            Ok(ch) => ch,
+            Err(e) => return is_no_node(&e),
+        };
+        let mut done = true;
+        for ch in children.iter().filter(|ch| ch.starts_with(prefix)) {
+            match self
+                .bounded(name, c.delete(&format!("{dir}/{ch}"), None))
+                .await
+            {
+                Ok(()) => {}
+                Err(e) if is_no_node(&e) => {}
+                Err(_) => done = false,
+            }
+        }
+        done
+    }
+
+    /// Removes the node of a create whose reply was not read: one try now, then retries in the
+    /// background (every 250 ms, for at most ten session timeouts) until it is gone or its
+    /// session ended, which deletes it too. A lost reply thus leaves no node queued that nobody
+    /// would delete while the session lives.
+    async fn clean_orphan(
+        self: &Arc<Self>,
+        name: &str,
+        c: &zk::Client,
+        dir: &str,
+        prefix: &str,
+        session: i64,
+    ) {
+        if self.delete_by_prefix(name, c, dir, prefix).await {
+            return;
+        }
+        let me = Arc::clone(self);
+        let (name, dir, prefix) = (name.to_string(), dir.to_string(), prefix.to_string());
+        tokio::spawn(async move {
+            let give_up = tokio::time::Instant::now() + me.cfg.session_timeout * 10;
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let sess = me.session().clone();
+                if sess.id != session || sess.ended() {
+                    return;
+                }
+                if me
+                    .delete_by_prefix(&name, &sess.client, &dir, &prefix)
+                    .await
+                {
+                    tracing::debug!(key = %name, "dlock: removed the node of a create whose reply was lost");
+                    return;
+                }
+                if tokio::time::Instant::now() >= give_up {
+                    tracing::warn!(key = %name, "dlock: could not remove the node of a create whose reply was lost; it goes with its session");
+                    return;
+                }
+            }
+        });
+    }
+
+    /// Deletes a contender's node and forgets it (best effort).
+    async fn abandon(&self, key: &(String, String)) {
+        let h = self.holds().remove(key);
+        if let Some(h) = h {
+            let c = self.client();
+            let _ = self.bounded(&key.0, c.delete(&h.path, None)).await;
+        }
+    }
+
+    async fn release(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        let key = (name.to_string(), owner.to_string());
+        let h = {
+            let mut holds = self.holds();
+            let Some(h) = holds.get_mut(&key) else {
+                return Ok(Released::NotOwner);
+            };
+            if h.held && h.count > 1 && !all {
+                h.count -= 1;
+                return Ok(Released::Decremented(h.count));
+            }
+            holds.remove(&key).expect("present")
+        };
+        let c = self.client();
+        let session_now = c.session_id().0;
+        let delete = {
+            let c = c.clone();
+            let me = Arc::clone(self);
+            let path = h.path.clone();
+            let name = name.to_string();
+            async move {
+                match me.bounded(&name, c.delete(&path, None)).await {
+                    Ok(()) => Ok(()),
+                    Err(LockError::Backend { source, .. })
+                        if matches!(
+                            source.downcast_ref::<zk::Error>(),
+                            Some(zk::Error::NoNode)
+                        ) =>
+                    {
+                        Err(())
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "dlock: deleting a ZooKeeper lock node failed");
+                        Err(())
+                    }
+                }
+            }
+        };
+        if !h.held {
+            if h.path.ends_with("-lock-") {
+                // The create's reply was never read: find the node by its unique prefix (this
+                // request is sent after the create on the same session, so it sees it).
+                let (dir, prefix) = h.path.rsplit_once('/').unwrap_or(("", ""));
+                self.clean_orphan(name, &c, dir, prefix, h.session).await;
+                return Ok(Released::NotOwner);
+            }
+            let _ = delete.await;
+            return Ok(Released::NotOwner);
+        }
+        if session_now != h.session {
+            return Ok(Released::NotOwner);
+        }
+        match keep_for {
+            Some(k) if !k.is_zero() => {
+                tokio::spawn(async move {
+                    tokio::time::sleep(k).await;
+                    let _ = delete.await;
+                });
+                Ok(Released::Freed)
+            }
+            _ => match delete.await {
+                Ok(()) => Ok(Released::Freed),
+                Err(()) => Ok(Released::NotOwner),
+            },
+        }
+    }
+
+    async fn extend(&self, name: &str, owner: &str) -> Result<Extended, LockError> {
+        let key = (name.to_string(), owner.to_string());
+        let Some(h) = self.holds().get(&key).cloned() else {
+            return Ok(Extended::Lost);
+        };
+        let sess = self.session().clone();
+        if !h.held || sess.id != h.session || sess.ended() {
+            return Ok(Extended::Lost);
+        }
+        let c = sess.client;
+        match self.bounded(name, c.check_stat(&h.path)).await? {
+            Some(st) if st.ephemeral_owner == h.session => Ok(Extended::Extended),
+            _ => Ok(Extended::Lost),
+        }
+    }
+}
+
+impl Backend for ZookeeperBackend {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.inner.try_acquire(name, owner, ttl))
+    }
+
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.inner.release(name, owner, keep_for, all))
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.extend(name, owner))
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.inner.waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.waiters.has_waiters(name)
+    }
+
+    fn queues_contenders(&self) -> bool {
+        true
+    }
+
+    /// The session is the lease: the guard counts on at most the negotiated session timeout
+    /// from its last answered check (`extend` reads the node), so a holder cut off from the
+    /// ensemble counts itself lost by the time the servers may expire its session.
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        ttl.saturating_sub(self.inner.session().timeout)
+    }
+
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let held_by = self
+            .inner
+            .holds()
+            .get(&(name.to_string(), owner.to_string()))
+            .map(|h| h.session)?;
+        let sess = self.inner.session();
+        if sess.id != held_by {
+            // Its session was already replaced: lost now.
+            return Some(Box::pin(std::future::ready(())));
+        }
+        Some(Box::pin(sess.gone.clone().cancelled_owned()))
+    }
+}

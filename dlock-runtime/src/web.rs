@@ -1,0 +1,524 @@
+//! HTTP integration (feature `axum`): [`LockError`] as an axum response, and a tower
+//! [`LockLayer`] that takes a lock around any service, per request.
+//!
+//! # Status codes
+//!
+//! | error | status | body / headers |
+//! |---|---|---|
+//! | [`LockError::Busy`], [`LockError::TimedOut`] | `409 Conflict` (or what [`set_busy_status`] / [`LockLayer::busy_status`] chose: `423 Locked`, `503`) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up (omitted when the backend did not report it) |
+//! | [`LockError::Lost`], [`LockError::NotOwner`], [`LockError::Backend`] | `503 Service Unavailable` | no internals; the error is logged as a `warn` event |
+//! | [`LockError::InvalidKey`] | `400 Bad Request` | |
+//! | [`LockError::Config`], [`LockError::UnknownBackend`], [`LockError::UnknownPolicy`] | `500` | logged as an `error` event |
+//!
+//! # The layer
+//!
+//! ```
+//! # use std::time::Duration;
+//! use dlock_runtime::web::{LockLayer, path_key};
+//! let layer = LockLayer::new(path_key("/orders/{id}/pay", "order:{id}").unwrap())
+//!     .ttl(Duration::from_secs(10))
+//!     .wait(Duration::from_millis(200));
+//! // axum: Router::new().route("/orders/{id}/pay", post(pay)).route_layer(layer)
+//! # let _ = layer;
+//! ```
+//!
+//! Per request the layer extracts the key (a request without one answers `400`), acquires,
+//! puts the [`FencingToken`] in the request's extensions, runs the inner service inside the
+//! guard's scope (so [`crate::fencing_token`] and re-entrant nested locks work there), and
+//! releases when the inner service's response future completes. The response body is passed
+//! through untouched (it is streamed after the lock is released). If the client goes away, the
+//! server drops the response future, and with it the guard, which releases in the background.
+//! If the lease is lost while the inner service runs, its future is dropped and the reply is `503`.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue, RETRY_AFTER};
+use http::{Request, Response, StatusCode};
+
+use crate::backend::BoxFuture;
+use crate::lock::{DEFAULT_TTL, Lock};
+use crate::{LockError, registry};
+
+static BUSY_STATUS: AtomicU16 = AtomicU16::new(409);
+
+/// Sets the status that [`LockError`]'s `IntoResponse` gives busy and timed-out errors
+/// (default `409 Conflict`; `423 Locked` and `503 Service Unavailable` are the usual choices).
+/// Process-wide; a [`LockLayer`] has its own setting.
+pub fn set_busy_status(status: StatusCode) {
+    BUSY_STATUS.store(status.as_u16(), Ordering::Relaxed);
+}
+
+/// The status [`set_busy_status`] chose.
+pub fn busy_status() -> StatusCode {
+    StatusCode::from_u16(BUSY_STATUS.load(Ordering::Relaxed)).unwrap_or(StatusCode::CONFLICT)
+}
+
+/// `Retry-After` for a remaining lease: whole seconds, rounded up, at least 1.
+pub fn retry_after_secs(remaining: Duration) -> u64 {
+    (remaining.as_millis().div_ceil(1000) as u64).max(1)
+}
+
+/// The status for an error, with `busy` for busy and timed-out errors.
+pub fn status_for(e: &LockError, busy: StatusCode) -> StatusCode {
+    match e {
+        LockError::Busy { .. } | LockError::TimedOut { .. } => busy,
+        LockError::InvalidKey { .. } => StatusCode::BAD_REQUEST,
+        LockError::Config(_)
+        | LockError::UnknownBackend { .. }
+        | LockError::UnknownPolicy { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+/// Builds the response for `e` with an empty body (of any body type with a `Default`): the
+/// status of [`status_for`], and `Retry-After` for a contended lock whose holder's lease is
+/// known. Server-side errors are logged here, never put in the response.
+pub fn error_response<B: Default>(e: &LockError, busy: StatusCode) -> Response<B> {
+    let status = status_for(e, busy);
+    if status.is_server_error() && !e.is_contended() {
+        if status == StatusCode::INTERNAL_SERVER_ERROR {
+            tracing::error!(error = %e, "dlock: lock not usable; answering {status}");
+        } else {
+            tracing::warn!(error = %e, "dlock: lock failed; answering {status}");
+        }
+    }
+    let mut res = Response::new(B::default());
+    *res.status_mut() = status;
+    if e.is_contended()
+        && let Some(d) = e.retry_after()
+    {
+        res.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+    }
+    res
+}
+
+fn short_text(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "invalid lock name\n",
+        StatusCode::CONFLICT | StatusCode::LOCKED => "the resource is locked; retry later\n",
+        StatusCode::INTERNAL_SERVER_ERROR => "internal server error\n",
+        _ => "service unavailable; retry later\n",
+    }
+}
+
+impl axum_core::response::IntoResponse for LockError {
+    /// See the [module documentation](crate::web) for the mapping. The body is a short fixed
+    /// text; the error's details (backend messages, lock names) go to the log only.
+    fn into_response(self) -> axum_core::response::Response {
+        let (parts, ()) = error_response::<()>(&self, busy_status()).into_parts();
+        let body = axum_core::body::Body::from(short_text(parts.status));
+        let mut res = Response::from_parts(parts, body);
+        res.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        res
+    }
+}
+
+/// The fencing token of the lock a [`LockLayer`] took, in the request's extensions.
+/// In axum: `Extension(FencingToken(token)): Extension<FencingToken>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FencingToken(pub u64);
+
+/// Takes the lock name from a request; `None` answers `400 Bad Request`.
+///
+/// Implemented for closures `Fn(&Request<B>) -> Option<String>` and by [`header_key`] and
+/// [`path_key`].
+pub trait KeyExtractor<B>: Clone + Send + Sync + 'static {
+    /// The lock name for `req`.
+    fn extract(&self, req: &Request<B>) -> Option<String>;
+}
+
+impl<B, F> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Option<String> + Clone + Send + Sync + 'static,
+{
+    fn extract(&self, req: &Request<B>) -> Option<String> {
+        self(req)
+    }
+}
+
+/// A key from a request header: `prefix` followed by the header's value (a missing or non-UTF-8
+/// header gives no key). Built by [`header_key`].
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+    prefix: Arc<str>,
+}
+
+/// A key extractor for the header `name` (e.g. `"x-tenant-id"`), prefixed by `prefix`
+/// (e.g. `"tenant:"`). Fails with [`LockError::Config`] for an invalid header name.
+pub fn header_key(name: &str, prefix: &str) -> Result<HeaderKey, LockError> {
+    let name = HeaderName::from_bytes(name.as_bytes())
+        .map_err(|_| LockError::Config(format!("invalid header name {name:?}")))?;
+    Ok(HeaderKey {
+        name,
+        prefix: prefix.into(),
+    })
+}
+
+impl<B> KeyExtractor<B> for HeaderKey {
+    fn extract(&self, req: &Request<B>) -> Option<String> {
+        let v = req.headers().get(&self.name)?.to_str().ok()?;
+        if v.is_empty() {
+            return None;
+        }
+        Some(format!("{}{}", self.prefix, v))
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Seg {
+    Lit(String),
+    Param(String),
+    /// `{*name}`: the rest of the path.
+    Rest(String),
+}
+
+#[derive(Debug, Clone)]
+enum Part {
+    Lit(String),
+    /// A placeholder and the characters escaped in its value (see the macro's key templates).
+    Param(usize, String),
+}
+
+/// A key from path parameters: the request path is matched against a route pattern in axum's
+/// syntax (`/orders/{id}`, `{*rest}` for the rest of the path) and a key template (`order:{id}`)
+/// is filled with the captured segments, escaped as the attribute escapes its values (so that
+/// values cannot forge another key). A path that does not match gives no key. Built by
+/// [`path_key`].
+#[derive(Debug, Clone)]
+pub struct PathKey {
+    route: Arc<[Seg]>,
+    template: Arc<[Part]>,
+}
+
+/// A key extractor matching `route` (e.g. `"/orders/{id}/pay"`) and rendering `template`
+/// (e.g. `"order:{id}"`). Fails with [`LockError::Config`] when the template names a parameter
+/// the route lacks, or a brace is unclosed. `{{` and `}}` are literal braces in the template.
+pub fn path_key(route: &str, template: &str) -> Result<PathKey, LockError> {
+    let bad = |m: &str| LockError::Config(format!("path_key({route:?}, {template:?}): {m}"));
+    let mut segs = Vec::new();
+    let parts: Vec<&str> = route.trim_start_matches('/').split('/').collect();
+    for (i, s) in parts.iter().enumerate() {
+        if let Some(inner) = s.strip_prefix('{').and_then(|s| s.strip_suffix('}')) {
+            if let Some(rest) = inner.strip_prefix('*') {
+                if i + 1 != parts.len() {
+                    return Err(bad("`{*name}` must be the last segment"));
+                }
+                segs.push(Seg::Rest(rest.to_string()));
+            } else {
+                segs.push(Seg::Param(inner.to_string()));
+            }
+        } else if s.contains(['{', '}']) {
+            return Err(bad("a route parameter must be a whole segment"));
+        } else {
+            segs.push(Seg::Lit((*s).to_string()));
+        }
+    }
+    let index_of = |name: &str| {
+        segs.iter()
+            .position(|s| matches!(s, Seg::Param(n) | Seg::Rest(n) if n == name))
+    };
+    // Template: literals and `{name}`; `{{`/`}}` escape braces.
+    let mut out: Vec<Part> = Vec::new();
+    let mut lit = String::new();
+    let mut chars = template.chars().peekable();
+    while let Some(c) = chars.next() {
+        match c {
+            '{' if chars.peek() == Some(&'{') => {
+                chars.next();
+                lit.push('{');
+            }
+            '}' if chars.peek() == Some(&'}') => {
+                chars.next();
+                lit.push('}');
+            }
+            '{' => {
+                let mut name = String::new();
+                loop {
+                    match chars.next() {
+                        Some('}') => break,
+                        Some(c) => name.push(c),
+                        None => return Err(bad("unclosed `{`")),
+                    }
+                }
+                let idx = index_of(&name)
+                    .ok_or_else(|| bad(&format!("the route has no parameter `{name}`")))?;
+                if !lit.is_empty() {
+                    out.push(Part::Lit(std::mem::take(&mut lit)));
+                }
+                out.push(Part::Param(idx, String::new()));
+            }
+            '}' => return Err(bad("unmatched `}`")),
+            c => lit.push(c),
+        }
+    }
+    if !lit.is_empty() {
+        out.push(Part::Lit(lit));
+    }
+    // The special characters of a placeholder: the first character of the literal after it.
+    for i in 0..out.len() {
+        let next = match out.get(i + 1) {
+            Some(Part::Lit(l)) => l.chars().next(),
+            _ => None,
+        };
+        if let Part::Param(_, special) = &mut out[i]
+            && let Some(c) = next
+        {
+            special.push(c);
+        }
+    }
+    Ok(PathKey {
+        route: segs.into(),
+        template: out.into(),
+    })
+}
+
+impl PathKey {
+    fn captures<'a>(&self, path: &'a str) -> Option<Vec<&'a str>> {
+        let mut caps = vec![""; self.route.len()];
+        let mut rest = path.trim_start_matches('/');
+        for (i, seg) in self.route.iter().enumerate() {
+            if let Seg::Rest(_) = seg {
+                caps[i] = rest;
+                return Some(caps);
+            }
+            let (this, tail) = match rest.split_once('/') {
+                Some((a, b)) => (a, Some(b)),
+                None => (rest, None),
+            };
+            match seg {
+                Seg::Lit(l) if l != this => return None,
+                Seg::Param(_) if this.is_empty() => return None,
+                _ => caps[i] = this,
+            }
+            match tail {
+                Some(t) => rest = t,
+                None if i + 1 == self.route.len() => return Some(caps),
+                None => {
+                    // Only a trailing `{*rest}` may match an empty remainder.
+                    return match self.route.get(i + 1) {
+                        Some(Seg::Rest(_)) if i + 2 == self.route.len() => Some(caps),
+                        _ => None,
+                    };
+                }
+            }
+        }
+        rest.is_empty().then_some(caps)
+    }
+
+    /// The key for a request path, if it matches the route.
+    pub fn key_for_path(&self, path: &str) -> Option<String> {
+        let caps = self.captures(path)?;
+        let mut key = crate::private::KeyBuf::default();
+        for p in self.template.iter() {
+            match p {
+                Part::Lit(l) => key.lit(l),
+                Part::Param(i, special) => key.value(caps[*i], special),
+            }
+        }
+        Some(key.finish())
+    }
+}
+
+impl<B> KeyExtractor<B> for PathKey {
+    fn extract(&self, req: &Request<B>) -> Option<String> {
+        self.key_for_path(req.uri().path())
+    }
+}
+
+#[derive(Debug, Clone)]
+struct LayerConfig {
+    ttl: Duration,
+    wait: Duration,
+    backend: Cow<'static, str>,
+    busy_status: StatusCode,
+    metric_name: Cow<'static, str>,
+}
+
+/// A tower layer that runs each request under a distributed lock named by a [`KeyExtractor`].
+///
+/// Options: [`ttl`](Self::ttl) (default 30 s, renewed by the watchdog while the inner service
+/// runs), [`wait`](Self::wait) (default 0: fail fast), [`backend`](Self::backend) (default
+/// `"default"`), [`busy_status`](Self::busy_status) (default 409). See the
+/// [module documentation](crate::web).
+#[derive(Debug, Clone)]
+pub struct LockLayer<K> {
+    key: K,
+    cfg: Arc<LayerConfig>,
+}
+
+impl<K> LockLayer<K> {
+    /// A layer locking on the key `key` extracts.
+    pub fn new(key: K) -> Self {
+        LockLayer {
+            key,
+            cfg: Arc::new(LayerConfig {
+                ttl: DEFAULT_TTL,
+                wait: Duration::ZERO,
+                backend: Cow::Borrowed(registry::DEFAULT_BACKEND),
+                busy_status: StatusCode::CONFLICT,
+                metric_name: Cow::Borrowed("http_layer"),
+            }),
+        }
+    }
+
+    fn with(mut self, f: impl FnOnce(&mut LayerConfig)) -> Self {
+        f(Arc::make_mut(&mut self.cfg));
+        self
+    }
+
+    /// The lease per request (default 30 s).
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.with(|c| c.ttl = ttl)
+    }
+
+    /// How long a request waits for a busy lock (default zero).
+    pub fn wait(self, wait: Duration) -> Self {
+        self.with(|c| c.wait = wait)
+    }
+
+    /// The registered backend to use (default `"default"`).
+    pub fn backend(self, name: impl Into<Cow<'static, str>>) -> Self {
+        let name = name.into();
+        self.with(|c| c.backend = name)
+    }
+
+    /// The status for a busy or timed-out lock (default `409 Conflict`).
+    pub fn busy_status(self, status: StatusCode) -> Self {
+        self.with(|c| c.busy_status = status)
+    }
+
+    /// The `lock` label of this layer's metrics (feature `metrics`; default `"http_layer"`).
+    /// Give it the route or key template, never a rendered key.
+    pub fn metric_name(self, name: impl Into<Cow<'static, str>>) -> Self {
+        let name = name.into();
+        self.with(|c| c.metric_name = name)
+    }
+}
+
+impl<S, K: Clone> tower_layer::Layer<S> for LockLayer<K> {
+    type Service = LockService<S, K>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        LockService {
+            inner,
+            key: self.key.clone(),
+            cfg: self.cfg.clone(),
+        }
+    }
+}
+
+/// The service [`LockLayer`] wraps around an inner service.
+#[derive(Debug, Clone)]
+pub struct LockService<S, K> {
+    inner: S,
+    key: K,
+    cfg: Arc<LayerConfig>,
+}
+
+impl<S, K, B, RB> tower_service::Service<Request<B>> for LockService<S, K>
+where
+    S: tower_service::Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    K: KeyExtractor<B>,
+    B: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Response<RB>, S::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        // The service that was polled ready handles this request; the clone waits for the next.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let key = self.key.extract(&req);
+        let cfg = self.cfg.clone();
+        Box::pin(async move {
+            let Some(key) = key else {
+                let mut res = Response::new(RB::default());
+                *res.status_mut() = StatusCode::BAD_REQUEST;
+                return Ok(res);
+            };
+            let lock = Lock::new(key)
+                .ttl(cfg.ttl)
+                .wait(cfg.wait)
+                .backend(cfg.backend.clone())
+                .metric_name(cfg.metric_name.clone());
+            let guard = match lock.acquire().await {
+                Ok(g) => g,
+                Err(e) => return Ok(error_response(&e, cfg.busy_status)),
+            };
+            req.extensions_mut()
+                .insert(FencingToken(guard.fencing_token()));
+            let lost = guard.lost_token();
+            let out = guard
+                .scope(async {
+                    tokio::select! {
+                        biased;
+                        r = inner.call(req) => Some(r),
+                        _ = lost.cancelled() => None,
+                    }
+                })
+                .await;
+            let out = match out {
+                Some(r) => r,
+                None => {
+                    let e = LockError::Lost {
+                        key: guard.key().to_string(),
+                        reason: guard.lost_reason().unwrap_or(crate::LostReason::Deadline),
+                    };
+                    Ok(error_response(&e, cfg.busy_status))
+                }
+            };
+            if let Err(e) = guard.release().await {
+                tracing::warn!(error = %e, "dlock: release after the request failed");
+            }
+            out
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn path_key_matches_and_escapes() {
+        let k = path_key("/orders/{id}/pay", "order:{id}").unwrap();
+        assert_eq!(
+            k.key_for_path("/orders/42/pay").as_deref(),
+            Some("order:42")
+        );
+        assert_eq!(k.key_for_path("/orders/42/refund"), None);
+        assert_eq!(k.key_for_path("/orders//pay"), None);
+        assert_eq!(k.key_for_path("/orders/42"), None);
+        let k = path_key("/t/{a}/{b}", "x:{a}:{b}").unwrap();
+        assert_ne!(k.key_for_path("/t/1:2/3"), k.key_for_path("/t/1/2:3"));
+        let k = path_key("/files/{*rest}", "file:{rest}").unwrap();
+        assert_eq!(k.key_for_path("/files/a/b").as_deref(), Some("file:a/b"));
+        assert!(path_key("/a/{id}", "x:{nope}").is_err());
+        assert!(path_key("/a/{id}", "x:{id").is_err());
+    }
+
+    #[test]
+    fn retry_after_rounds_up() {
+        assert_eq!(retry_after_secs(Duration::from_millis(1)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1000)), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1001)), 2);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+    }
+}

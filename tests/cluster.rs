@@ -1,0 +1,344 @@
+//! Redis Cluster-only behaviour (feature `cluster`) on a private cluster of 3 masters with one
+//! replica each: exclusion over many slots, wake-ups by sharded pub/sub, a resharding of a held
+//! and waited-on lock's slot, and a master failover. The shared suites run on the cluster too
+//! (`on_cluster` in `lock_behaviour.rs` and `wait_behaviour.rs`).
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use common::cluster::ClusterSet;
+use dlock::{Acquired, Backend, ClusterBackend, Lock, LockError};
+
+async fn cluster() -> Arc<ClusterSet> {
+    Arc::new(
+        tokio::task::spawn_blocking(|| ClusterSet::start(3, 1))
+            .await
+            .expect("start the cluster"),
+    )
+}
+
+async fn backend(set: &ClusterSet) -> Arc<dyn Backend> {
+    Arc::new(ClusterBackend::connect(set.urls()).await.expect("connect"))
+}
+
+/// Names whose slots are spread over every master.
+fn spread_names(set: &ClusterSet, n: usize) -> Vec<String> {
+    let names: Vec<String> = (0..n).map(|i| format!("slots:{i}")).collect();
+    let masters: HashSet<usize> = names
+        .iter()
+        .map(|n| set.master_of_slot(ClusterSet::slot_of(&dlock::redis_keys(n).lock)))
+        .collect();
+    assert_eq!(masters.len(), 3, "the names do not cover every master");
+    names
+}
+
+/// Non-atomic counters (read, yield, write) per name, incremented under the lock by tasks on two
+/// backends (two clients, as two processes would be): every increment survives, and no two
+/// holders of one name ever overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exclusion_over_keys_in_many_slots() {
+    let set = cluster().await;
+    let names = spread_names(&set, 12);
+    let slots: HashSet<u16> = names
+        .iter()
+        .map(|n| ClusterSet::slot_of(&dlock::redis_keys(n).lock))
+        .collect();
+    assert_eq!(slots.len(), names.len(), "every name in its own slot");
+    let clients = [backend(&set).await, backend(&set).await];
+    let counters: Arc<HashMap<String, (AtomicU64, AtomicBool)>> = Arc::new(
+        names
+            .iter()
+            .map(|n| (n.clone(), (AtomicU64::new(0), AtomicBool::new(false))))
+            .collect(),
+    );
+    const TASKS_PER_NAME: usize = 4;
+    const ROUNDS: u64 = 10;
+    let mut tasks = Vec::new();
+    for (i, name) in names.iter().enumerate() {
+        for t in 0..TASKS_PER_NAME {
+            let b = clients[(i + t) % 2].clone();
+            let name = name.clone();
+            let counters = counters.clone();
+            tasks.push(tokio::spawn(async move {
+                for _ in 0..ROUNDS {
+                    let g = Lock::new(name.as_str())
+                        .with_backend(b.clone())
+                        .ttl(Duration::from_secs(10))
+                        .wait(Duration::from_secs(20))
+                        .acquire()
+                        .await
+                        .expect("acquire");
+                    let (count, busy) = &counters[&name];
+                    assert!(!busy.swap(true, Ordering::SeqCst), "two holders of {name}");
+                    let v = count.load(Ordering::SeqCst);
+                    tokio::task::yield_now().await;
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                    count.store(v + 1, Ordering::SeqCst);
+                    busy.store(false, Ordering::SeqCst);
+                    g.release().await.expect("release");
+                }
+            }));
+        }
+    }
+    let all = async {
+        for t in tasks {
+            t.await.expect("task");
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), all)
+        .await
+        .expect("the workload finished within 60 s");
+    for name in &names {
+        assert_eq!(
+            counters[name].0.load(Ordering::SeqCst),
+            TASKS_PER_NAME as u64 * ROUNDS,
+            "lost updates on {name}"
+        );
+    }
+    let left = tokio::task::spawn_blocking({
+        let set = set.clone();
+        move || common::cluster::lock_keys_left(&set)
+    })
+    .await
+    .unwrap();
+    assert!(left.is_empty(), "lock keys left: {left:?}");
+}
+
+/// A waiter behind a 30 s-ttl holder that releases after 200 ms gets the lock well under a
+/// second after the release: the release's SPUBLISH woke it, not the lease timer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_is_woken_by_the_release_on_its_shard() {
+    let set = cluster().await;
+    let (a, b) = (backend(&set).await, backend(&set).await);
+    for name in spread_names(&set, 3) {
+        let holder = Lock::new(name.as_str())
+            .with_backend(a.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .expect("holder");
+        let token = holder.fencing_token();
+        let waiter = tokio::spawn({
+            let b = b.clone();
+            let name = name.clone();
+            async move {
+                let g = Lock::new(name.as_str())
+                    .with_backend(b)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await;
+                (g, Instant::now())
+            }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        holder.release().await.expect("release");
+        let released = Instant::now();
+        let (g, got) = waiter.await.unwrap();
+        let g = g.expect("the waiter gets the lock");
+        let after = got.duration_since(released);
+        assert!(
+            after < Duration::from_millis(800),
+            "{name}: waiter got the lock {after:?} after the release (the lease timer was 30 s)"
+        );
+        assert!(g.fencing_token() > token, "tokens increase");
+        g.release().await.unwrap();
+    }
+}
+
+/// The slot of a held lock with a waiter moves to another master (SETSLOT MIGRATING /
+/// IMPORTING, MIGRATE, SETSLOT NODE) while a third client keeps trying it: no second holder, no
+/// error reaches any caller (no CROSSSLOT, NOSCRIPT, MOVED or ASK), the holder keeps renewing
+/// through the move, and after its release the waiter is woken on the slot's new shard.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resharding_a_held_and_waited_on_slot() {
+    let set = cluster().await;
+    let name = "reshard:me";
+    let lock_key = dlock::redis_keys(name).lock;
+    let slot = ClusterSet::slot_of(&lock_key);
+    let from = set.master_of_slot(slot);
+    let to = (0..3).find(|&m| m != from).expect("another master");
+    let (a, b, c) = (
+        backend(&set).await,
+        backend(&set).await,
+        backend(&set).await,
+    );
+    // The target master forgets every script: calls there meet NOSCRIPT after the move.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query(&mut set.nodes[to].admin())
+        .unwrap();
+    let holder = Lock::new(name)
+        .with_backend(a.clone())
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .expect("holder");
+    let token = holder.fencing_token();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let g = Lock::new(name)
+                .with_backend(b)
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // A prober that must always see Busy, never an error and never a grant.
+    let stop = Arc::new(AtomicBool::new(false));
+    let prober = tokio::spawn({
+        let stop = stop.clone();
+        async move {
+            let mut tries = 0u32;
+            while !stop.load(Ordering::SeqCst) && tries < 2000 {
+                tries += 1;
+                match c.try_acquire(name, "prober", Duration::from_secs(5)).await {
+                    Ok(Acquired::Busy { .. }) => {}
+                    Ok(Acquired::Granted { .. }) => panic!("the prober was granted a held lock"),
+                    Err(e) => panic!("an error reached the caller during the resharding: {e}"),
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tries
+        }
+    });
+    tokio::task::spawn_blocking({
+        let set = set.clone();
+        move || {
+            set.migrate_slot(slot, from, to, || {
+                std::thread::sleep(Duration::from_millis(700))
+            });
+        }
+    })
+    .await
+    .unwrap();
+    assert_eq!(set.master_of_slot(slot), to, "the slot moved");
+    // Renewals (every second) go to the new owner.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    stop.store(true, Ordering::SeqCst);
+    let tries = prober.await.expect("the prober saw only Busy");
+    assert!(tries > 20, "the prober ran ({tries} tries)");
+    assert!(holder.is_valid(), "the holder lost its lease in the move");
+    let mut on_new: redis::Connection = set.nodes[to].admin();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&lock_key)
+        .query(&mut on_new)
+        .unwrap();
+    assert_eq!(exists, 1, "the lock lives on the new master");
+    holder.release().await.expect("release after the move");
+    // NOSCRIPT on the new owner was answered by EVAL there, not passed on.
+    let evals = set.nodes[to]
+        .commandstats()
+        .get("eval")
+        .copied()
+        .unwrap_or(0);
+    assert!(
+        evals >= 1,
+        "no EVAL ran on the new owner (NOSCRIPT path untested)"
+    );
+    let released = Instant::now();
+    let (g, got) = waiter.await.unwrap();
+    let g = g.expect("the waiter still gets the lock");
+    let after = got.duration_since(released);
+    assert!(
+        after < Duration::from_millis(1500),
+        "waiter took {after:?} after the release (the holder's lease was 3 s)"
+    );
+    assert!(g.fencing_token() > token);
+    g.release().await.unwrap();
+}
+
+/// `CLUSTER FAILOVER` on the replica of the master owning a held lock's slot. The replica had
+/// the grant (a coordinated failover waits for it): the holder keeps its lease through the
+/// promotion (renewals follow MOVED to the new master) and a contender stays busy. Then the
+/// grant is deleted on the new master, as if the promoted replica had missed it (a replica
+/// cannot be written to directly in a cluster): the stale holder's `lost()` fires by its next
+/// renewal, the next holder's token is larger, and calls work without re-initialising.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
+    let set = cluster().await;
+    let name = "failover:me";
+    let keys = dlock::redis_keys(name);
+    let slot = ClusterSet::slot_of(&keys.lock);
+    let master = set.master_of_slot(slot);
+    let replica = set.replica_of(master);
+    let (a, b) = (backend(&set).await, backend(&set).await);
+    let ttl = Duration::from_secs(3);
+    let holder = Lock::new(name)
+        .with_backend(a.clone())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("holder");
+    let token = holder.fencing_token();
+    let lost = holder.lost();
+    tokio::task::spawn_blocking({
+        let set = set.clone();
+        move || {
+            let _: () = redis::cmd("CLUSTER")
+                .arg("FAILOVER")
+                .query(&mut set.nodes[replica].admin())
+                .expect("CLUSTER FAILOVER");
+            let started = Instant::now();
+            while set.master_of_slot(slot) != replica {
+                assert!(
+                    started.elapsed() < Duration::from_secs(15),
+                    "the replica was not promoted"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // Two renewal periods on the new master: still held, and only by the holder.
+    for _ in 0..20 {
+        match b.try_acquire(name, "contender", ttl).await {
+            Ok(Acquired::Busy { .. }) => {}
+            other => panic!("a contender after the failover got {other:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(holder.is_valid(), "the holder lost a grant the replica had");
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query(&mut set.nodes[replica].admin())
+        .unwrap();
+    assert_eq!(exists, 1, "the grant is on the promoted replica");
+    // The promoted replica "missed" the grant.
+    let n: i64 = redis::cmd("DEL")
+        .arg(&keys.lock)
+        .arg(&keys.fence)
+        .query(&mut set.nodes[replica].admin())
+        .unwrap();
+    assert_eq!(n, 2);
+    let deleted = Instant::now();
+    tokio::time::timeout(ttl + Duration::from_secs(2), lost)
+        .await
+        .expect("lost() fired by the next renewal");
+    assert!(deleted.elapsed() <= ttl / 3 + Duration::from_secs(2));
+    assert!(!holder.is_valid());
+    let g = Lock::new(name)
+        .with_backend(b.clone())
+        .ttl(ttl)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the lock is free on the new master");
+    assert!(
+        g.fencing_token() > token,
+        "token {} after {token}",
+        g.fencing_token()
+    );
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    g.release().await.expect("release on the new master");
+}

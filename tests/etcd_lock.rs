@@ -1,0 +1,360 @@
+//! etcd-specific properties (feature `etcd`): no herd and arrival-order hand-off, a crashed
+//! holder process freed when its lease ends, a minority and a majority of a 3-member cluster
+//! killed, and a holder process paused (SIGSTOP) past its lease. The shared suites
+//! (`on_etcd::*` in lock_behaviour / wait_behaviour) cover the common contract.
+//!
+//! Cross-process tests re-execute this test binary (`child_process_entry` in child mode), with
+//! the endpoints in `DLOCK_ETCD`.
+#![cfg(feature = "etcd")]
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::etcd::{EtcdCluster, admin, etcd_backend};
+use common::{child_mode, child_say, spawn_self};
+use dlock::{Lock, LockError};
+
+const CHILD_ENTRY: &str = "child_process_entry";
+
+/// Not a test of its own: the entry point of child processes started by the tests below.
+#[test]
+#[ignore = "child-process entry point; the tests below run it in their children"]
+fn child_process_entry() {
+    let mode = child_mode().expect("a child entry point runs only in a child process");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async move {
+        let eps: Vec<String> = std::env::var("DLOCK_ETCD")
+            .expect("DLOCK_ETCD")
+            .split(',')
+            .map(str::to_string)
+            .collect();
+        let b = dlock::EtcdBackend::builder(&eps)
+            .request_timeout(Duration::from_secs(1))
+            .build()
+            .await
+            .unwrap();
+        // Takes `crash` (ttl 2 s, watchdog on) and says so; then, in mode "hold-report-lost",
+        // reports when its lost signal fires (measured from its own clock).
+        let g = Lock::new("crash")
+            .with_backend(Arc::new(b))
+            .ttl(Duration::from_secs(2))
+            .acquire()
+            .await
+            .unwrap();
+        child_say(format!("acquired {}", g.fencing_token()));
+        match mode.as_str() {
+            "hold" => std::future::pending::<()>().await,
+            "hold-report-lost" => {
+                let reason = g.lost().await;
+                child_say(format!("lost {reason:?}"));
+                std::future::pending::<()>().await
+            }
+            other => panic!("unknown child mode {other}"),
+        }
+    });
+}
+
+async fn start(n: usize) -> EtcdCluster {
+    tokio::task::spawn_blocking(move || EtcdCluster::start(n))
+        .await
+        .expect("start etcd")
+}
+
+/// 16 contenders, each on its own backend (its own lease and connection, as 16 processes would
+/// have), queue on one name in a known order. Every release produces exactly one
+/// predecessor-watch notification in total (no herd), the lock goes to the contenders in
+/// arrival order, and an acquisition costs a bounded number of requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_contenders_one_notification_per_release_in_arrival_order() {
+    let cluster = start(1).await;
+    let holder_b = etcd_backend(&cluster).await;
+    let holder = Lock::new("herd")
+        .with_backend(Arc::new(holder_b))
+        .acquire()
+        .await
+        .unwrap();
+    let first_token = holder.fencing_token();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let b = etcd_backend(&cluster).await;
+        backends.push(b.clone());
+        let order = order.clone();
+        let lock = Lock::new("herd")
+            .with_backend(Arc::new(b))
+            .wait(Duration::from_secs(60));
+        tasks.push(tokio::spawn(async move {
+            let g = lock.acquire().await.expect("contender acquires");
+            order.lock().unwrap().push((i, g.fencing_token()));
+            // Hold briefly so the count per release can be checked between releases.
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            g.release().await.unwrap();
+        }));
+        // Arrival order: each contender's key exists before the next starts.
+        let settled = common::eventually(Duration::from_secs(5), || {
+            let b = backends.last().unwrap().clone();
+            // A first try (create + delete: nobody waited yet), then create + watch.
+            async move { b.requests() >= 4 && b.waiter_count() == 1 }
+        })
+        .await;
+        assert!(settled, "contender {i} did not queue");
+    }
+    let total =
+        |bs: &[dlock::EtcdBackend]| -> u64 { bs.iter().map(|b| b.watch_notifications()).sum() };
+    assert_eq!(total(&backends), 0, "notifications before any release");
+    let requests_before: u64 = backends.iter().map(|b| b.requests()).sum();
+    holder.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("contenders finish")
+            .unwrap();
+    }
+    let order = order.lock().unwrap().clone();
+    let ids: Vec<usize> = order.iter().map(|(i, _)| *i).collect();
+    assert_eq!(ids, (0..16).collect::<Vec<_>>(), "hand-off order");
+    let mut last = first_token;
+    for (i, t) in &order {
+        assert!(*t > last, "contender {i}'s token {t} after {last}");
+        last = *t;
+    }
+    // 16 releases before the last contender's (holder + 15 contenders), each waking only its
+    // successor: 16 notifications, not 16 + 15 + ... as with a watch on the whole name.
+    assert_eq!(total(&backends), 16, "one notification per release");
+    for (i, b) in backends.iter().enumerate() {
+        assert_eq!(
+            b.watch_notifications(),
+            1,
+            "contender {i} was notified once"
+        );
+    }
+    // After the holder's release: per contender one re-check and one delete (no polling).
+    let after: u64 = backends.iter().map(|b| b.requests()).sum::<u64>() - requests_before;
+    assert!(
+        after <= 16 * 2,
+        "{after} requests for 16 hand-offs (expected 2 per contender)"
+    );
+    assert!(common::etcd::keys_under_root(&cluster).await.is_empty());
+}
+
+/// The lease id of the holder key of `name` and its remaining ttl on the server.
+async fn holder_lease(cluster: &EtcdCluster, b: &dlock::EtcdBackend, name: &str) -> (i64, i64) {
+    let mut c = admin(cluster).await;
+    let r = c
+        .get(
+            b.lock_prefix(name),
+            Some(dlock::etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let lease = r.kvs().first().expect("holder key").lease();
+    let ttl = c.lease_time_to_live(lease, None).await.unwrap().ttl();
+    (lease, ttl)
+}
+
+/// A holder process killed with SIGKILL (ttl 2 s, watchdog on) leaves its key until its lease
+/// ends: a waiter gets it about the remaining lease after the kill, not at once, with a larger
+/// token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkilled_holder_process_is_freed_when_its_lease_ends() {
+    let cluster = start(1).await;
+    let b = etcd_backend(&cluster).await;
+    let mut child = spawn_self(
+        CHILD_ENTRY,
+        "hold",
+        &[("DLOCK_ETCD", cluster.endpoints().join(","))],
+    );
+    let line = tokio::task::block_in_place(|| child.expect_line(Duration::from_secs(30)));
+    let child_token: u64 = line
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("unexpected child line {line:?}"))
+        .parse()
+        .unwrap();
+    // Let the keep-alives run a few times.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let e = Lock::new("crash")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "held by the child: {e:?}");
+    child.kill();
+    let killed = Instant::now();
+    let (_, left) = holder_lease(&cluster, &b, "crash").await;
+    assert!(left >= 1, "lease at the kill had {left} s left");
+    let g = Lock::new("crash")
+        .with_backend(Arc::new(b.clone()))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("waiter gets the dead holder's lock");
+    let at = killed.elapsed();
+    // The server reports whole seconds (rounded down) and checks expiry every 500 ms.
+    assert!(
+        at + Duration::from_millis(1100) >= Duration::from_secs(left as u64),
+        "waiter got the lock {at:?} after the kill, lease left was {left} s"
+    );
+    assert!(
+        at >= Duration::from_millis(300),
+        "freed {at:?} after the kill: before the lease ended"
+    );
+    assert!(
+        at < Duration::from_secs(left as u64 + 2),
+        "waiter got it only {at:?} after the kill (lease left {left} s)"
+    );
+    assert!(g.fencing_token() > child_token);
+    g.release().await.unwrap();
+}
+
+/// Kill one member of three (the leader, so an election happens too): a holder with the
+/// watchdog on is never told lost, and other clients keep taking and releasing locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_minority_keeps_locks_working_and_nobody_lost() {
+    let mut cluster = start(3).await;
+    let a = etcd_backend(&cluster).await;
+    let b = etcd_backend(&cluster).await;
+    let holder = Lock::new("held")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    let leader = cluster.leader().await.expect("a leader");
+    cluster.members[leader].kill();
+    let killed = Instant::now();
+    let mut last = 0;
+    let mut n = 0;
+    while killed.elapsed() < Duration::from_secs(6) && n < 200 {
+        let g = Lock::new("other")
+            .with_backend(Arc::new(b.clone()))
+            .ttl(Duration::from_secs(5))
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("acquire with two of three members up");
+        assert!(g.fencing_token() > last);
+        last = g.fencing_token();
+        g.release().await.unwrap();
+        n += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(n >= 5, "only {n} acquisitions in 6 s");
+    assert!(
+        holder.is_valid() && holder.lost_reason().is_none(),
+        "the holder was told lost: {:?}",
+        holder.lost_reason()
+    );
+    let e = Lock::new("held")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "the holder's key is still there: {e:?}");
+    holder.release().await.unwrap();
+    let g = Lock::new("held")
+        .with_backend(Arc::new(b))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+}
+
+/// Kill two members of three: an acquisition fails with a typed error within its wait, and a
+/// holder (ttl 2 s) hears `lost()` by its deadline (ttl after its last confirmed renewal).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_majority_fails_acquires_within_the_wait_and_holders_are_lost_by_their_deadline()
+{
+    let mut cluster = start(3).await;
+    let a = etcd_backend(&cluster).await;
+    let b = etcd_backend(&cluster).await;
+    let ttl = Duration::from_secs(2);
+    let holder = Lock::new("held")
+        .with_backend(Arc::new(a))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.members[0].kill();
+    cluster.members[1].kill();
+    let killed = Instant::now();
+    let wait = Duration::from_secs(2);
+    let t0 = Instant::now();
+    let r = Lock::new("other")
+        .with_backend(Arc::new(b))
+        .ttl(ttl)
+        .wait(wait)
+        .acquire()
+        .await;
+    let took = t0.elapsed();
+    match &r {
+        Err(LockError::TimedOut { .. } | LockError::Backend { .. }) => {}
+        other => panic!("expected a typed timeout or backend error, got {other:?}"),
+    }
+    assert!(
+        took < wait + Duration::from_millis(1500),
+        "the failed acquire took {took:?} (wait {wait:?})"
+    );
+    let lost = tokio::time::timeout(ttl + Duration::from_secs(2), holder.lost()).await;
+    assert!(
+        lost.is_ok(),
+        "holder not told lost within its ttl after the kill"
+    );
+    assert!(
+        killed.elapsed() <= ttl + Duration::from_millis(1500),
+        "lost fired {:?} after the kill (ttl {ttl:?})",
+        killed.elapsed()
+    );
+    assert!(!holder.is_valid());
+}
+
+/// A holder process (ttl 2 s) is paused with SIGSTOP for 5 s: its lease ends on the server, a
+/// waiter gets the lock with a larger token, and after SIGCONT the stale holder's `lost()` fires
+/// (its own deadline passed while it was stopped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigstopped_holder_past_its_lease_is_superseded_and_hears_lost() {
+    let cluster = start(1).await;
+    let b = etcd_backend(&cluster).await;
+    let child = spawn_self(
+        CHILD_ENTRY,
+        "hold-report-lost",
+        &[("DLOCK_ETCD", cluster.endpoints().join(","))],
+    );
+    let line = tokio::task::block_in_place(|| child.expect_line(Duration::from_secs(30)));
+    let child_token: u64 = line
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("unexpected child line {line:?}"))
+        .parse()
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let pid = child.pid() as libc::pid_t;
+    // SAFETY: kill(2) on our own, unreaped child.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    let waiter = Lock::new("crash")
+        .with_backend(Arc::new(b))
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await;
+    let g = waiter.expect("the waiter gets the lock once the paused holder's lease ended");
+    assert!(g.fencing_token() > child_token);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGCONT) }, 0);
+    let resumed = Instant::now();
+    let line = tokio::task::block_in_place(|| child.expect_line(Duration::from_secs(5)));
+    assert!(line.starts_with("lost "), "child said {line:?}");
+    assert!(
+        resumed.elapsed() < Duration::from_secs(2),
+        "lost heard {:?} after SIGCONT",
+        resumed.elapsed()
+    );
+    g.release().await.unwrap();
+}

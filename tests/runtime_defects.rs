@@ -1,0 +1,401 @@
+//! Defects of the generic runtime found by reading it (issue 7, deliverable 6), each with the
+//! test that showed it. Timing tests run on tokio's paused clock (the in-memory backend uses
+//! tokio's `Instant`), so they are exact and fast.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use dlock::{
+    Acquired, Backend, BoxFuture, Extended, Lock, LockError, MemoryBackend, Released, Watch,
+};
+use tokio::time::Instant;
+
+/// The in-memory store, whose extend replies with a ttl of `slow_ttl` (the watchdog's renewals
+/// of a 30 s lease) arrive `delay` after the extend was applied.
+#[derive(Debug)]
+struct SlowRenewalReplies {
+    inner: MemoryBackend,
+    slow_ttl: Duration,
+    delay: Duration,
+}
+
+impl Backend for SlowRenewalReplies {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async move {
+            let r = self.inner.extend(name, owner, ttl).await;
+            if ttl == self.slow_ttl {
+                tokio::time::sleep(self.delay).await;
+            }
+            r
+        })
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+}
+
+fn memory() -> Arc<dyn Backend> {
+    Arc::new(MemoryBackend::new())
+}
+
+/// A renewal applied on the server before an `extend(3s)` but confirmed after it must not move
+/// the local deadline to the renewal's 30 s (the server's key expires 3 s after the extend).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_renewal_confirmed_after_a_shorter_extend_does_not_move_the_deadline() {
+    let b: Arc<dyn Backend> = Arc::new(SlowRenewalReplies {
+        inner: MemoryBackend::new(),
+        slow_ttl: Duration::from_secs(30),
+        delay: Duration::from_secs(1),
+    });
+    let g = Lock::new("epoch")
+        .ttl(Duration::from_secs(30))
+        .with_backend(b)
+        .acquire()
+        .await
+        .unwrap();
+    // The renewal is sent at 10 s; its reply is held back until 11 s.
+    tokio::time::sleep(Duration::from_millis(10_050)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(
+        g.remaining() <= Duration::from_secs(3),
+        "the local deadline is {:?} away, past the server's expiry",
+        g.remaining()
+    );
+    g.release().await.unwrap();
+}
+
+/// With the watchdog off, `lost()` and `lost_token()` follow a shorter extend.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn lost_follows_a_shorter_extend() {
+    let g = Lock::new("shorter")
+        .ttl(Duration::from_secs(30))
+        .watchdog(false)
+        .with_backend(memory())
+        .acquire()
+        .await
+        .unwrap();
+    let token = g.lost_token();
+    // Both signals are already awaited when the extend shortens the lease.
+    let lost = tokio::spawn(g.lost());
+    let fired = tokio::spawn(async move { token.cancelled().await });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    let t0 = Instant::now();
+    let r = tokio::time::timeout(Duration::from_millis(3_200), fired).await;
+    assert!(
+        r.is_ok(),
+        "lost_token() did not fire by the extended deadline"
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(2_900),
+        "{:?}",
+        t0.elapsed()
+    );
+    let r = tokio::time::timeout(Duration::from_millis(10), lost).await;
+    assert!(
+        r.is_ok(),
+        "lost() did not complete by the extended deadline"
+    );
+}
+
+/// The same for `lost()` alone (no watchdog event can fire the token first).
+#[tokio::test(flavor = "current_thread")]
+async fn lost_future_follows_a_shorter_extend_without_a_runtime_watchdog_event() {
+    let g = Lock::new("shorter-lost")
+        .ttl(Duration::from_secs(30))
+        .watchdog(false)
+        .with_backend(memory())
+        .acquire()
+        .await
+        .unwrap();
+    let lost = tokio::spawn(g.lost());
+    tokio::task::yield_now().await;
+    g.extend(Duration::from_millis(200)).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(2), lost).await;
+    assert!(r.is_ok(), "lost() still waits for the old 30 s deadline");
+}
+
+/// With the watchdog on, a shorter extend reschedules the next renewal before the new deadline.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_shorter_extend_is_renewed_before_its_deadline() {
+    let g = Lock::new("shorter-renewed")
+        .ttl(Duration::from_secs(30))
+        .with_backend(memory())
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    g.extend(Duration::from_secs(3)).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        g.is_valid(),
+        "the 3 s lease was not renewed: {:?}",
+        g.lost_reason()
+    );
+    assert!(g.remaining() <= Duration::from_secs(3));
+    g.release().await.unwrap();
+}
+
+/// A waiter that queued behind another local waiter gets a full lease from its own try, not
+/// one that counts from when its `acquire()` started.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_waiters_lease_counts_from_its_own_try() {
+    let b = memory();
+    let holder = Lock::new("queue")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let b1 = b.clone();
+    let first = tokio::spawn(async move {
+        let g = Lock::new("queue")
+            .wait(Duration::from_secs(60))
+            .with_backend(b1)
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    });
+    let t = std::time::Instant::now();
+    while !b.has_waiters("queue") {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the first waiter never queued"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let b2 = b.clone();
+    let second = tokio::spawn(async move {
+        Lock::new("queue")
+            .ttl(Duration::from_millis(1_500))
+            .wait(Duration::from_secs(60))
+            .with_backend(b2)
+            .acquire()
+            .await
+            .unwrap()
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    holder.release().await.unwrap();
+    first.await.unwrap();
+    let g = second.await.unwrap();
+    assert!(
+        g.remaining() > Duration::from_millis(1_300),
+        "a 1.5 s lease granted with {:?} left",
+        g.remaining()
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn huge_durations_are_refused_with_a_config_error() {
+    let b = memory();
+    let lock = || Lock::new("huge").with_backend(b.clone());
+    for (what, r) in [
+        ("ttl", lock().ttl(Duration::MAX).acquire().await),
+        (
+            "ttl u64::MAX ms",
+            lock().ttl(Duration::from_millis(u64::MAX)).acquire().await,
+        ),
+        ("max_hold", lock().max_hold(Duration::MAX).acquire().await),
+        (
+            "hold_at_least",
+            lock().hold_at_least(Duration::MAX).acquire().await,
+        ),
+    ] {
+        assert!(matches!(r, Err(LockError::Config(_))), "{what}: {r:?}");
+    }
+    // The cap itself is accepted, and an extend above it is refused without losing the hold.
+    let g = lock().ttl(Lock::MAX_DURATION).acquire().await.unwrap();
+    let e = g.extend(Duration::MAX).await.unwrap_err();
+    assert!(matches!(e, LockError::Config(_)), "{e:?}");
+    assert!(g.is_valid());
+    g.extend(Lock::MAX_DURATION).await.unwrap();
+    g.release().await.unwrap();
+    // A wait too long to represent waits (is not refused).
+    let h = lock().acquire().await.unwrap();
+    let waiting = tokio::time::timeout(
+        Duration::from_millis(50),
+        lock().wait(Duration::MAX).acquire(),
+    )
+    .await;
+    assert!(waiting.is_err(), "the waiter should still be waiting");
+    h.release().await.unwrap();
+}
+
+/// Re-entering a name that the server gave to another owner is a loss, not a wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reentering_a_lock_now_held_by_another_owner_is_lost() {
+    let mem = Arc::new(MemoryBackend::new());
+    let b: Arc<dyn Backend> = mem.clone();
+    let outer = Lock::new("taken")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    assert!(mem.force_delete("taken"));
+    let other = Lock::new("taken")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let t0 = std::time::Instant::now();
+    let nested = outer
+        .scope(
+            Lock::new("taken")
+                .wait(Duration::from_secs(2))
+                .with_backend(b.clone())
+                .acquire(),
+        )
+        .await;
+    assert!(matches!(nested, Err(LockError::Lost { .. })), "{nested:?}");
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    assert!(
+        !outer.is_valid(),
+        "the outer hold still believes it is valid"
+    );
+    assert!(other.is_valid());
+    other.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_guard_that_outlives_the_outer_release_is_not_valid() {
+    let b = memory();
+    let outer = Lock::new("nest")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let inner = outer
+        .scope(Lock::new("nest").with_backend(b.clone()).acquire())
+        .await
+        .unwrap();
+    assert!(inner.is_valid());
+    outer.release().await.unwrap();
+    assert!(
+        !inner.is_valid(),
+        "the inner guard outlived the outer release"
+    );
+    assert_eq!(inner.remaining(), Duration::ZERO);
+    assert!(inner.ensure_valid().is_err());
+    assert!(inner.release().await.unwrap_err().is_lost());
+}
+
+async fn released_hold_at_least_lock_cannot_be_extended(b: Arc<dyn Backend>) {
+    let g = Lock::new("keep")
+        .hold_at_least(Duration::from_secs(10))
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let owner = g.owner().to_string();
+    g.release().await.unwrap();
+    let r = b
+        .extend("keep", &owner, Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(r, Extended::Lost, "a released lock was extended");
+    // Still kept taken until hold_at_least ran out.
+    let e = Lock::new("keep")
+        .with_backend(b)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "{e:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_hold_at_least_lock_cannot_be_extended_on_memory() {
+    released_hold_at_least_lock_cannot_be_extended(memory()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_released_hold_at_least_lock_cannot_be_extended_on_redis() {
+    let env = common::Env::redis().await;
+    released_hold_at_least_lock_cannot_be_extended(env.backend()).await;
+}
+
+/// A guard held by a task when its runtime shuts down is given back (on a helper thread), not
+/// left held for its ttl.
+#[test]
+fn runtime_shutdown_gives_back_held_locks() {
+    let mem = Arc::new(MemoryBackend::new());
+    let b: Arc<dyn Backend> = mem.clone();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let g = Lock::new("shutdown")
+            .ttl(Duration::from_secs(30))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap();
+        tokio::spawn(async move {
+            let _g = g;
+            std::future::pending::<()>().await;
+        });
+        tokio::task::yield_now().await;
+    });
+    assert_eq!(mem.locked_count(), 1);
+    drop(rt);
+    assert_eq!(
+        mem.locked_count(),
+        0,
+        "the runtime's shutdown left the lock held for its ttl"
+    );
+}
+
+/// A guard dropped outside any runtime gives back too.
+#[test]
+fn a_guard_dropped_outside_a_runtime_gives_back() {
+    let mem = Arc::new(MemoryBackend::new());
+    let b: Arc<dyn Backend> = mem.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt.block_on(
+        Lock::new("outside")
+            .ttl(Duration::from_secs(30))
+            .with_backend(b)
+            .acquire(),
+    );
+    drop(rt);
+    drop(g.unwrap());
+    assert_eq!(
+        mem.locked_count(),
+        0,
+        "the dropped guard left the lock held"
+    );
+}

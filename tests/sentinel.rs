@@ -1,0 +1,185 @@
+//! Sentinel-only behaviour (feature `sentinel`): a master, one replica and three sentinels,
+//! all private. Failover followed without re-init, waiters woken on the new master, tokens
+//! larger; `min_replicas` with the replica stopped fails with a typed error and leaves no lock.
+#![cfg(feature = "sentinel")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::sentinel::{MASTER, SentinelSet};
+use dlock::{Backend, Lock, LockError, SentinelBackend};
+
+async fn start_set() -> SentinelSet {
+    tokio::task::spawn_blocking(|| SentinelSet::start(true))
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_is_followed_without_reinit_waiters_woken_tokens_larger() {
+    let set = start_set().await;
+    let old_port = set.master.as_ref().unwrap().port();
+    let new_port = set.replica.as_ref().unwrap().port();
+    let sb = SentinelBackend::connect(MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    assert_eq!(sb.master_addr(), format!("127.0.0.1:{old_port}"));
+    let b: Arc<dyn Backend> = Arc::new(sb.clone());
+    let other: Arc<dyn Backend> = Arc::new(
+        SentinelBackend::connect(MASTER, set.sentinel_urls())
+            .await
+            .unwrap(),
+    );
+    let before = Lock::new("fo-token")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let token_before = before.fencing_token();
+    before.release().await.unwrap();
+    // A holder with a long lease and a waiter behind it, across the failover.
+    let holder = Lock::new("fo-held")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    // Let the grant reach the replica before it is promoted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiter_lock = Lock::new("fo-held")
+        .with_backend(other.clone())
+        .ttl(Duration::from_secs(30))
+        .wait(Duration::from_secs(25));
+    let waiter = tokio::spawn(async move {
+        let g = waiter_lock.acquire().await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Force the failover.
+    let _: String = tokio::task::block_in_place(|| {
+        redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER)
+            .query(&mut set.sentinels[0].admin())
+    })
+    .unwrap();
+    let t0 = Instant::now();
+    let promoted = common::eventually(Duration::from_secs(20), || async {
+        tokio::task::block_in_place(|| set.master_port_now()) == Some(new_port)
+    })
+    .await;
+    assert!(
+        promoted,
+        "the sentinels did not promote the replica within 20 s"
+    );
+    let promoted_at = t0.elapsed();
+    let followed = common::eventually(Duration::from_secs(5), || async {
+        sb.master_addr() == format!("127.0.0.1:{new_port}")
+    })
+    .await;
+    assert!(followed, "the backend did not follow the failover");
+    let followed_at = t0.elapsed();
+    assert!(
+        followed_at < promoted_at + Duration::from_millis(1500),
+        "followed {followed_at:?} after the failover command, promotion seen at {promoted_at:?}"
+    );
+    // Acquisitions work again within a bounded time, without re-init.
+    let mut ok = None;
+    while t0.elapsed() < Duration::from_secs(20) {
+        match Lock::new("fo-token")
+            .with_backend(b.clone())
+            .acquire()
+            .await
+        {
+            Ok(g) => {
+                ok = Some(g);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let after = ok.expect("no acquisition on the new master within 20 s");
+    assert!(
+        after.fencing_token() > token_before,
+        "token {} after the failover, {token_before} before",
+        after.fencing_token()
+    );
+    after.release().await.unwrap();
+    // The waiter is still waiting (the hold was replicated) and is woken on the new master
+    // when the holder releases there.
+    assert!(
+        !waiter.is_finished(),
+        "the waiter got a lock that is still held"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    holder.release().await.expect("release on the new master");
+    let (g, got_at) = tokio::time::timeout(Duration::from_secs(10), waiter)
+        .await
+        .expect("waiter finished")
+        .unwrap();
+    let g = g.expect("the waiter acquires after the release");
+    let lag = got_at.saturating_duration_since(released_at);
+    assert!(
+        lag < Duration::from_secs(2),
+        "the waiter took {lag:?} after the release on the new master (a 30 s lease)"
+    );
+    g.release().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() {
+    let mut set = start_set().await;
+    let b: Arc<dyn Backend> = Arc::new(
+        SentinelBackend::builder(MASTER, set.sentinel_urls())
+            .min_replicas(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let g = Lock::new("wait-ok")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .expect("the replica confirms");
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().pause());
+    let t = Instant::now();
+    let r = Lock::new("wait-fail")
+        .with_backend(b.clone())
+        .acquire()
+        .await;
+    let took = t.elapsed();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().resume());
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let mut con = set.master.as_ref().unwrap().admin_async().await;
+    let n: i64 = redis::cmd("EXISTS")
+        .arg(dlock::redis_keys("wait-fail").lock)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "the unconfirmed grant was left on the master");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn init_sentinel_registers_and_bad_input_is_typed() {
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    dlock::init_sentinel("sentinel-test", MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    let g = Lock::new("reg")
+        .backend("sentinel-test")
+        .acquire()
+        .await
+        .unwrap();
+    g.release().await.unwrap();
+    let r = dlock::init_sentinel("sentinel-bad", "no-such-master", set.sentinel_urls()).await;
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    let r = dlock::init_sentinel("sentinel-bad", MASTER, ["not a url"]).await;
+    assert!(matches!(r, Err(LockError::Config(_))), "{r:?}");
+}

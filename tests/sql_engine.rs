@@ -1,0 +1,1035 @@
+//! Engine tests of the database backends (features `postgres` and `mysql`), beyond the shared
+//! behaviour suites: contention without deadlocks, fencing tokens across rows deleted behind the
+//! backend, expiry by the database clock for a client whose clock is wrong (libfaketime), a
+//! connection killed while holding, and (private servers: `initdb` + `postgres`,
+//! `mariadb-install-db` + `mariadbd`) SIGSTOP past the ttl and a server restart; PostgreSQL's
+//! advisory-lock mode.
+#![cfg(any(feature = "postgres", feature = "mysql"))]
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use common::{Env, Rng, section_pause};
+use dlock::{Backend, Lock, LockError};
+
+/// 32 contenders on one name per round, from two clients, for several seconds: half spin on
+/// `wait = 0` (hammering the acquire statement), half wait. No error of any kind (deadlock,
+/// lock-wait timeout) reaches a caller, never two holders at once, and the non-atomic counter of
+/// every round equals its grants. A fresh name every 500 ms exercises the first-use path too.
+async fn thirty_two_contenders_no_deadlock_exact_counts(env: Env) {
+    const ROUNDS: usize = 8;
+    let clients: [Arc<dyn Backend>; 2] = [env.backend(), env.another_backend().await];
+    let counters: Arc<Vec<AtomicU64>> = Arc::new((0..ROUNDS).map(|_| AtomicU64::new(0)).collect());
+    let inside: Arc<Vec<AtomicUsize>> =
+        Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+    let grants = Arc::new(AtomicU64::new(0));
+    let busy = Arc::new(AtomicU64::new(0));
+    let start = Instant::now();
+    let round_len = Duration::from_millis(500);
+    let mut tasks = Vec::new();
+    for t in 0..32u64 {
+        let backend = clients[t as usize % 2].clone();
+        let (counters, inside, grants, busy) = (
+            counters.clone(),
+            inside.clone(),
+            grants.clone(),
+            busy.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let mut rng = Rng::new(t + 1);
+            let mut mine = 0u64;
+            loop {
+                let round = (start.elapsed().as_millis() / round_len.as_millis()) as usize;
+                if round >= ROUNDS {
+                    return mine;
+                }
+                let name = format!("c32-{round}");
+                let wait = if t % 2 == 0 {
+                    Duration::ZERO
+                } else {
+                    Duration::from_secs(30)
+                };
+                let r = Lock::new(name)
+                    .with_backend(backend.clone())
+                    .ttl(Duration::from_secs(10))
+                    .wait(wait)
+                    .acquire()
+                    .await;
+                let g = match r {
+                    Ok(g) => g,
+                    Err(LockError::Busy { .. }) if wait.is_zero() => {
+                        busy.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        continue;
+                    }
+                    Err(e) => panic!("task {t}: an error reached the caller: {e:?}"),
+                };
+                assert_eq!(
+                    inside[round].fetch_add(1, Ordering::SeqCst),
+                    0,
+                    "two holders"
+                );
+                let v = counters[round].load(Ordering::SeqCst);
+                section_pause(&mut rng).await;
+                counters[round].store(v + 1, Ordering::SeqCst);
+                inside[round].fetch_sub(1, Ordering::SeqCst);
+                g.release()
+                    .await
+                    .unwrap_or_else(|e| panic!("task {t}: release failed: {e:?}"));
+                grants.fetch_add(1, Ordering::Relaxed);
+                mine += 1;
+            }
+        }));
+    }
+    let mut total = 0;
+    for t in tasks {
+        total += tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("contenders finished")
+            .unwrap();
+    }
+    let counted: u64 = counters.iter().map(|c| c.load(Ordering::SeqCst)).sum();
+    assert_eq!(
+        counted, total,
+        "lost updates: counter {counted}, grants {total}"
+    );
+    assert_eq!(grants.load(Ordering::Relaxed), total);
+    assert!(total >= ROUNDS as u64 * 5, "only {total} grants in 4 s");
+    assert!(busy.load(Ordering::Relaxed) > 0, "no contention happened");
+    eprintln!(
+        "{:?}: {total} grants, {} busy answers",
+        env.kind,
+        busy.load(Ordering::Relaxed)
+    );
+}
+
+/// Tokens strictly increase per name across releases and across the row being deleted behind
+/// the backend's back (while held, and after release).
+async fn tokens_increase_after_rows_are_deleted_behind_the_backend(env: Env) {
+    let mut last = 0u64;
+    for i in 0..20 {
+        let g = env.lock("fence").acquire().await.unwrap();
+        let t = g.fencing_token();
+        assert!(t > last, "round {i}: token {t} after {last}");
+        last = t;
+        if i % 2 == 0 {
+            env.force_delete("fence").await;
+            let _ = g.release().await;
+        } else {
+            g.release().await.unwrap();
+        }
+        // Also a grant by another client in between.
+        let other = Lock::new("fence")
+            .with_backend(env.another_backend().await)
+            .acquire()
+            .await
+            .unwrap();
+        assert!(other.fencing_token() > last);
+        last = other.fencing_token();
+        other.release().await.unwrap();
+        if i % 3 == 0 {
+            env.force_delete_if_present("fence").await;
+        }
+    }
+}
+
+/// A connection of the holder's pool is killed by the server while the lock is held: the next
+/// renewal gets a fresh connection, the lease survives, no one else gets the lock, and release
+/// works. The pool has one connection, so the killed one is the one the backend uses.
+async fn killed_connection_while_holding_the_lease_survives(env: Env, kill: KillConn) {
+    let (backend, conn_id) = kill.single_connection_backend(&env).await;
+    let g = Lock::new("killed")
+        .with_backend(backend.clone())
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    let id = conn_id().await;
+    kill.kill(&env, id).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        g.is_valid(),
+        "lease lost after a killed connection: {:?}",
+        g.lost_reason()
+    );
+    assert!(env.is_locked("killed").await);
+    let e = Lock::new("killed")
+        .with_backend(env.another_backend().await)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "{e:?}");
+    g.release().await.expect("release after the kill");
+    assert!(!env.is_locked("killed").await);
+}
+
+/// A child process whose wall clock is 2 h off (libfaketime) holds a 3 s lease and is killed:
+/// the parent sees the lock busy with about 3 s left and gets it about 3 s later. Were expiry
+/// judged by the child's clock, the lease would have ended 2 h ago (`-2h`) or last 2 h (`+2h`).
+async fn wrong_client_clock_still_sees_correct_expiry(env: Env, engine: &str, offset: &str) {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "{lib} missing: run scripts/test (it installs Debian's libfaketime)"
+    );
+    let db = env.db();
+    let mut child = common::spawn_self(
+        "child_entry",
+        "hold",
+        &[
+            ("DLOCK_ENGINE", engine.to_string()),
+            ("DLOCK_DB_URL", db.url.clone()),
+            ("DLOCK_TABLE", db.table.clone()),
+            ("LD_PRELOAD", lib.to_string()),
+            ("FAKETIME", offset.to_string()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ],
+    );
+    let line = child.expect_line(Duration::from_secs(30));
+    let child_epoch: i64 = line
+        .strip_prefix("held ")
+        .unwrap_or_else(|| panic!("child said {line:?}"))
+        .parse()
+        .unwrap();
+    let our_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (child_epoch - our_epoch).abs() > 3600,
+        "the child's clock is not off (libfaketime not in effect): {child_epoch} vs {our_epoch}"
+    );
+    let e = env.lock("clock").acquire().await.unwrap_err();
+    let r = e
+        .retry_after()
+        .expect("busy with the holder's remaining lease");
+    assert!(
+        r > Duration::from_millis(1500) && r <= Duration::from_secs(3),
+        "remaining {r:?}"
+    );
+    child.kill();
+    let t0 = Instant::now();
+    let g = env
+        .lock("clock")
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the lease ends by the database clock");
+    let waited = t0.elapsed();
+    assert!(
+        waited < Duration::from_secs(4),
+        "waited {waited:?} for a 3 s lease"
+    );
+    g.release().await.unwrap();
+}
+
+/// Child side of the clock test: connect, hold `clock` for 3 s without renewal, report the
+/// (faked) wall clock, and wait to be killed.
+#[test]
+#[ignore = "child-process entry point of wrong_client_clock_*; run by the parent test"]
+fn child_entry() {
+    let Some(_mode) = common::child_mode() else {
+        panic!("child_entry runs only as a child process");
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let engine = std::env::var("DLOCK_ENGINE").unwrap();
+        let url = std::env::var("DLOCK_DB_URL").unwrap();
+        let table = std::env::var("DLOCK_TABLE").unwrap();
+        let backend: Arc<dyn Backend> = match engine.as_str() {
+            #[cfg(feature = "postgres")]
+            "postgres" => Arc::new(common::sql::pg_backend(&url, &table).await),
+            #[cfg(feature = "mysql")]
+            "mysql" => Arc::new(common::sql::my_backend(&url, &table).await),
+            e => panic!("unknown engine {e}"),
+        };
+        let g = Lock::new("clock")
+            .with_backend(backend)
+            .ttl(Duration::from_secs(3))
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        common::child_say(format!("held {now}"));
+        std::future::pending::<()>().await;
+        drop(g);
+    });
+}
+
+/// How to find and kill the one connection of a backend.
+#[derive(Debug, Clone, Copy)]
+enum KillConn {
+    #[cfg(feature = "postgres")]
+    Postgres,
+    #[cfg(feature = "mysql")]
+    Mysql,
+}
+
+type ConnId =
+    Box<dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = u64> + Send>> + Send>;
+
+impl KillConn {
+    async fn single_connection_backend(self, env: &Env) -> (Arc<dyn Backend>, ConnId) {
+        let db = env.db();
+        match self {
+            #[cfg(feature = "postgres")]
+            KillConn::Postgres => {
+                use dlock::deadpool_postgres::{Manager, Pool};
+                use dlock::tokio_postgres::{Config, NoTls};
+                let cfg: Config = db.url.parse().unwrap();
+                let pool = Pool::builder(Manager::new(cfg.clone(), NoTls))
+                    .max_size(1)
+                    .build()
+                    .unwrap();
+                let b = dlock::PostgresBackend::builder_with_pool(pool.clone())
+                    .listen_config(cfg)
+                    .table(&db.table)
+                    .connect()
+                    .await
+                    .unwrap();
+                let id: ConnId = Box::new(move || {
+                    let pool = pool.clone();
+                    Box::pin(async move {
+                        let c = pool.get().await.unwrap();
+                        let pid: i32 = c
+                            .query_one("SELECT pg_backend_pid()", &[])
+                            .await
+                            .unwrap()
+                            .get(0);
+                        pid as u64
+                    })
+                });
+                (Arc::new(b), id)
+            }
+            #[cfg(feature = "mysql")]
+            KillConn::Mysql => {
+                use dlock::mysql_async::{Opts, OptsBuilder, Pool, PoolConstraints, PoolOpts};
+                let opts = OptsBuilder::from_opts(Opts::from_url(&db.url).unwrap()).pool_opts(
+                    PoolOpts::new().with_constraints(PoolConstraints::new(1, 1).unwrap()),
+                );
+                let pool = Pool::new(opts);
+                let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
+                    .table(&db.table)
+                    .connect()
+                    .await
+                    .unwrap();
+                let id: ConnId = Box::new(move || {
+                    let pool = pool.clone();
+                    Box::pin(async move { pool.get_conn().await.unwrap().id() as u64 })
+                });
+                (Arc::new(b), id)
+            }
+        }
+    }
+
+    async fn kill(self, env: &Env, id: u64) {
+        match self {
+            #[cfg(feature = "postgres")]
+            KillConn::Postgres => {
+                let c = common::sql::pg_admin(&env.db().url).await;
+                let ok: bool = c
+                    .query_one("SELECT pg_terminate_backend($1)", &[&(id as i32)])
+                    .await
+                    .unwrap()
+                    .get(0);
+                assert!(ok, "pg_terminate_backend({id})");
+            }
+            #[cfg(feature = "mysql")]
+            KillConn::Mysql => {
+                use dlock::mysql_async::prelude::Queryable;
+                let mut c = common::sql::my_admin(&env.db().url).await;
+                c.query_drop(format!("KILL CONNECTION {id}")).await.unwrap();
+            }
+        }
+    }
+}
+
+/// A backend registered once (as `dlock::init_named` would) and used from several tokio
+/// runtimes, as `#[tokio::test]`s that share a registry backend do: the runtime that connected
+/// it shuts down first, then two others use it one after the other and then at once. Every
+/// acquisition succeeds (no error from a connection of a dead runtime reaches a caller), the
+/// locks exclude each other across the runtimes, and a waiter in one runtime is woken by a
+/// release in another.
+type MakeEnv = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Env>>>;
+
+fn backend_works_across_runtimes(make: MakeEnv, registered: &'static str) {
+    let rt = |n| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(n)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    // The first runtime connects, registers and uses the backend, then shuts down.
+    let env = rt(1).block_on(async {
+        let env = make().await;
+        let g = Lock::new("rt").backend(registered).acquire().await;
+        assert!(g.is_err(), "not registered yet");
+        dlock::register_arc(registered, env.backend());
+        let g = Lock::new("rt").backend(registered).acquire().await.unwrap();
+        g.release().await.unwrap();
+        env
+    });
+    let round = |rt: &tokio::runtime::Runtime, tag: &'static str| {
+        rt.block_on(async {
+            for i in 0..5 {
+                let g = Lock::new(format!("rt-{tag}-{i}"))
+                    .backend(registered)
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+                    .unwrap_or_else(|e| panic!("runtime {tag}, acquisition {i}: {e}"));
+                g.release().await.unwrap();
+            }
+        })
+    };
+    let (r2, r3) = (rt(1), rt(2));
+    round(&r2, "two");
+    drop(r2);
+    round(&r3, "three");
+    // Two runtimes at once on one name: exclusion, and a hand-off from one to the other.
+    let (ra, rb) = (rt(1), rt(2));
+    let held = ra.block_on(async {
+        Lock::new("rt-shared")
+            .backend(registered)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    let waiter = rb.spawn(async move {
+        let busy = Lock::new("rt-shared").backend(registered).acquire().await;
+        assert!(matches!(busy, Err(LockError::Busy { .. })), "{busy:?}");
+        let t = Instant::now();
+        let g = Lock::new("rt-shared")
+            .backend(registered)
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("waiter in the other runtime");
+        g.release().await.unwrap();
+        t.elapsed()
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    ra.block_on(async { held.release().await.unwrap() });
+    let waited = rb.block_on(waiter).unwrap();
+    assert!(
+        waited < Duration::from_secs(5),
+        "the waiter got the lock only after {waited:?}"
+    );
+    drop((ra, rb, r3));
+    // The environment's table is dropped on a thread of its own.
+    drop(env);
+}
+
+#[cfg(feature = "postgres")]
+mod on_postgres {
+    use super::*;
+    use common::sql::PgProc;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_contenders_no_deadlock_exact_counts() {
+        super::thirty_two_contenders_no_deadlock_exact_counts(Env::postgres().await).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
+        super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::postgres().await)
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_connection_while_holding_the_lease_survives() {
+        super::killed_connection_while_holding_the_lease_survives(
+            Env::postgres().await,
+            KillConn::Postgres,
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_client_clock_behind_still_sees_correct_expiry() {
+        super::wrong_client_clock_still_sees_correct_expiry(
+            Env::postgres().await,
+            "postgres",
+            "-2h",
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_client_clock_ahead_still_sees_correct_expiry() {
+        super::wrong_client_clock_still_sees_correct_expiry(
+            Env::postgres().await,
+            "postgres",
+            "+2h",
+        )
+        .await
+    }
+
+    #[test]
+    fn backend_works_across_runtimes() {
+        super::backend_works_across_runtimes(
+            || Box::pin(Env::postgres()),
+            "sql-engine-postgres-runtimes",
+        )
+    }
+
+    async fn advisory_backend(env: &Env) -> Arc<dyn Backend> {
+        Arc::new(
+            dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .advisory(true)
+                .connect()
+                .await
+                .expect("advisory-mode backend"),
+        )
+    }
+
+    /// Advisory mode: exclusion across two sessions, re-entrancy, increasing tokens, wake-up of
+    /// a waiter in the other backend by the release's NOTIFY.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_mode_excludes_reenters_and_mints_increasing_tokens() {
+        let env = Env::postgres().await;
+        let name = format!("adv-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let mut last = 0;
+        for _ in 0..3 {
+            let g = Lock::new(name.clone())
+                .with_backend(a.clone())
+                .acquire()
+                .await
+                .unwrap();
+            assert!(g.fencing_token() > last);
+            last = g.fencing_token();
+            let e = Lock::new(name.clone())
+                .with_backend(b.clone())
+                .acquire()
+                .await
+                .unwrap_err();
+            assert!(e.is_contended(), "{e:?}");
+            // Another owner in the same process (a spawned task) is busy too.
+            let a2 = a.clone();
+            let n2 = name.clone();
+            let e = tokio::spawn(async move { Lock::new(n2).with_backend(a2).acquire().await })
+                .await
+                .unwrap()
+                .unwrap_err();
+            assert!(e.is_contended(), "{e:?}");
+            let inner = g
+                .scope(Lock::new(name.clone()).with_backend(a.clone()).acquire())
+                .await
+                .unwrap();
+            assert_eq!(inner.hold_count(), 2);
+            inner.release().await.unwrap();
+            let (b2, n2) = (b.clone(), name.clone());
+            let w = tokio::spawn(async move {
+                Lock::new(n2)
+                    .with_backend(b2)
+                    .wait(Duration::from_secs(20))
+                    .acquire()
+                    .await
+            });
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let t = Instant::now();
+            g.release().await.unwrap();
+            let g2 = w.await.unwrap().expect("waiter in the other session");
+            assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+            assert!(g2.fencing_token() > last);
+            last = g2.fencing_token();
+            g2.release().await.unwrap();
+        }
+    }
+
+    /// Advisory mode: the holder's session is terminated by the server: another session gets the
+    /// lock at once, and the holder hears lost() at its next renewal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_session_killed_frees_the_lock_at_once_and_fires_lost() {
+        let env = Env::postgres().await;
+        let name = format!("adv-kill-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let ttl = Duration::from_secs(3);
+        let g = Lock::new(name.clone())
+            .with_backend(a.clone())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        let admin = common::sql::pg_admin(&env.db().url).await;
+        let key = dlock::postgres_advisory_key(&env.db().table, &name);
+        let row = admin
+            .query_one(
+                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 1 \
+                 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                &[&key],
+            )
+            .await
+            .expect("the advisory lock is visible in pg_locks");
+        let pid: i32 = row.get(0);
+        let t0 = Instant::now();
+        let ok: bool = admin
+            .query_one("SELECT pg_terminate_backend($1)", &[&pid])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(ok);
+        let g2 = Lock::new(name.clone())
+            .with_backend(b.clone())
+            .wait(Duration::from_secs(2))
+            .acquire()
+            .await
+            .expect("the lock is free once the session is gone");
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+        let reason = tokio::time::timeout(ttl, lost).await.expect("lost() fired");
+        assert!(t0.elapsed() <= ttl, "{:?}", t0.elapsed());
+        assert_eq!(reason, dlock::LostReason::NotOwner);
+        g2.release().await.unwrap();
+        // The first backend works again on a new session, without re-init.
+        let g3 = Lock::new(name.clone())
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .expect("a new session after the kill");
+        g3.release().await.unwrap();
+    }
+
+    async fn private_backend(srv: &PgProc) -> Arc<dyn Backend> {
+        Arc::new(
+            dlock::PostgresBackend::builder(&srv.url())
+                .op_timeout(Duration::from_millis(500))
+                .connect_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .expect("backend on the private server"),
+        )
+    }
+
+    /// SIGSTOP of the whole server past the ttl: the holder hears lost() by its own deadline
+    /// (the server never answers), and after SIGCONT the same backend works without re-init.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigstop_past_the_ttl_fires_lost_by_the_deadline_and_calls_recover() {
+        let srv = tokio::task::spawn_blocking(PgProc::start).await.unwrap();
+        let b = private_backend(&srv).await;
+        let ttl = Duration::from_secs(1);
+        let g = Lock::new("stop")
+            .with_backend(b.clone())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        srv.pause();
+        let t0 = Instant::now();
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() did not fire while the server was stopped");
+        let after = t0.elapsed();
+        assert!(
+            after <= ttl + Duration::from_millis(300),
+            "lost() {after:?} after the pause"
+        );
+        assert_eq!(reason, dlock::LostReason::Deadline);
+        // A call while stopped is bounded and typed.
+        let t1 = Instant::now();
+        let e = Lock::new("other")
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(e.is_backend(), "{e:?}");
+        assert!(t1.elapsed() < Duration::from_secs(2), "{:?}", t1.elapsed());
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        srv.resume();
+        drop(g);
+        let g2 = Lock::new("stop")
+            .with_backend(b.clone())
+            .wait(Duration::from_secs(10))
+            .acquire()
+            .await
+            .expect("acquire after SIGCONT on the same backend");
+        g2.release().await.unwrap();
+    }
+
+    /// An immediate shutdown and restart of the server while holding: lost() by the deadline,
+    /// then the same backend (new pooled connections, new listener) works again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn server_restart_fires_lost_and_calls_recover_without_reinit() {
+        let mut srv = tokio::task::spawn_blocking(PgProc::start).await.unwrap();
+        let b = private_backend(&srv).await;
+        let ttl = Duration::from_secs(1);
+        let g = Lock::new("restart")
+            .with_backend(b.clone())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        let t0 = Instant::now();
+        let mut srv = tokio::task::spawn_blocking(move || {
+            srv.stop();
+            srv
+        })
+        .await
+        .unwrap();
+        tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() did not fire while the server was down");
+        assert!(
+            t0.elapsed() <= ttl + Duration::from_millis(500),
+            "{:?}",
+            t0.elapsed()
+        );
+        let srv = tokio::task::spawn_blocking(move || {
+            srv.start_again();
+            srv
+        })
+        .await
+        .unwrap();
+        drop(g);
+        let ok = common::eventually(Duration::from_secs(10), || {
+            let b = b.clone();
+            async move {
+                match Lock::new("restart")
+                    .with_backend(b)
+                    .wait(Duration::from_secs(3))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g.release().await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        assert!(ok, "no acquire on the same backend after the restart");
+        // Waiting by NOTIFY works again too: a waiter is woken by a release well before the lease end.
+        let h = Lock::new("n")
+            .with_backend(b.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let other = private_backend(&srv).await;
+        let w = tokio::spawn(async move {
+            Lock::new("n")
+                .with_backend(other)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let t = Instant::now();
+        h.release().await.unwrap();
+        let g = w.await.unwrap().expect("waiter after restart");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        g.release().await.unwrap();
+        drop(srv);
+    }
+
+    /// Behind a real PgBouncer in transaction mode, advisory mode is refused at connect with a
+    /// `Config` error that names the pooler; the lock-table mode works there; and through the
+    /// same PgBouncer in session mode (one server session per client) advisory mode is accepted.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_mode_is_refused_behind_a_transaction_mode_pooler() {
+        use common::sql::PgBouncer;
+        let env = Env::postgres().await;
+        let upstream: dlock::tokio_postgres::Config = env.db().url.parse().unwrap();
+        let port = upstream.get_ports().first().copied().unwrap_or(5432);
+        let db = upstream.get_dbname().unwrap_or("test").to_string();
+        let tx = tokio::task::spawn_blocking(move || PgBouncer::start(port, "transaction"))
+            .await
+            .unwrap();
+        let e = dlock::PostgresBackend::builder(&tx.url(&db))
+            .table(&env.db().table)
+            .advisory(true)
+            .connect()
+            .await
+            .expect_err("advisory mode accepted behind a transaction-mode pooler");
+        assert!(
+            matches!(&e, LockError::Config(m) if m.contains("transaction-mode pooler")),
+            "{e:?}"
+        );
+        // The lock-table mode is fine behind it (no session state, no named statements).
+        let table: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&tx.url(&db))
+                .table(&env.db().table)
+                .connect()
+                .await
+                .expect("lock-table mode through the pooler"),
+        );
+        let direct = env.backend();
+        for _ in 0..3 {
+            let g = Lock::new("pooled")
+                .with_backend(table.clone())
+                .acquire()
+                .await
+                .expect("acquire through the pooler");
+            let e = Lock::new("pooled")
+                .with_backend(direct.clone())
+                .acquire()
+                .await
+                .unwrap_err();
+            assert!(e.is_contended(), "{e:?}");
+            g.release().await.expect("release through the pooler");
+        }
+        // Session mode keeps one server session per client: advisory mode is accepted.
+        let sess = tokio::task::spawn_blocking(move || PgBouncer::start(port, "session"))
+            .await
+            .unwrap();
+        let adv = dlock::PostgresBackend::builder(&sess.url(&db))
+            .table(&env.db().table)
+            .advisory(true)
+            .connect()
+            .await
+            .expect("advisory mode through a session-mode pooler");
+        let g = Lock::new("pooled-adv")
+            .with_backend(Arc::new(adv))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+    }
+}
+
+#[cfg(feature = "mysql")]
+mod on_mysql {
+    use super::*;
+
+    #[test]
+    fn backend_works_across_runtimes() {
+        super::backend_works_across_runtimes(|| Box::pin(Env::mysql()), "sql-engine-mysql-runtimes")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_contenders_no_deadlock_exact_counts() {
+        super::thirty_two_contenders_no_deadlock_exact_counts(Env::mysql().await).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
+        super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::mysql().await).await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn killed_connection_while_holding_the_lease_survives() {
+        super::killed_connection_while_holding_the_lease_survives(
+            Env::mysql().await,
+            KillConn::Mysql,
+        )
+        .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_client_clock_behind_still_sees_correct_expiry() {
+        super::wrong_client_clock_still_sees_correct_expiry(Env::mysql().await, "mysql", "-2h")
+            .await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn wrong_client_clock_ahead_still_sees_correct_expiry() {
+        super::wrong_client_clock_still_sees_correct_expiry(Env::mysql().await, "mysql", "+2h")
+            .await
+    }
+
+    /// Released and expired rows do not accumulate: with `sweep_after(0)`, a crashed holder's
+    /// expired row and the rows of 300 names each acquired and released once are swept (every
+    /// 256th freeing release deletes the rows idle that long), so far fewer than 300 remain.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn released_and_expired_rows_are_swept() {
+        use dlock::mysql_async::prelude::Queryable;
+        let env = Env::mysql().await;
+        let b = dlock::MysqlBackend::builder(&env.db().url)
+            .table(&env.db().table)
+            .sweep_after(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        // A crashed holder: granted for 200 ms, never released.
+        let r = b
+            .try_acquire("crashed", "gone-owner", Duration::from_millis(200))
+            .await
+            .unwrap();
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let b = Arc::new(b);
+        let mut tasks = Vec::new();
+        for t in 0..4 {
+            let b = b.clone();
+            tasks.push(tokio::spawn(async move {
+                for i in 0..75 {
+                    let g = Lock::new(format!("sweep-{t}-{i}"))
+                        .with_backend(b.clone())
+                        .acquire()
+                        .await
+                        .unwrap();
+                    g.release().await.unwrap();
+                }
+            }));
+        }
+        for t in tasks {
+            t.await.unwrap();
+        }
+        let table = env.db().table.clone();
+        let url = env.db().url.clone();
+        let rows = || {
+            let (table, url) = (table.clone(), url.clone());
+            async move {
+                let mut c = common::sql::my_admin(&url).await;
+                let n: Option<i64> = c
+                    .query_first(format!("SELECT COUNT(*) FROM {table}"))
+                    .await
+                    .unwrap();
+                n.unwrap_or(0)
+            }
+        };
+        let swept =
+            common::eventually(Duration::from_secs(5), || async { rows().await < 100 }).await;
+        assert!(swept, "{} rows left after 300 released names", rows().await);
+        assert!(!env.is_locked("crashed").await);
+        let mut c = common::sql::my_admin(&url).await;
+        let crashed: Option<i64> = c
+            .query_first(format!(
+                "SELECT COUNT(*) FROM {table} WHERE name = X'{}'",
+                "crashed"
+                    .bytes()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            crashed,
+            Some(0),
+            "the crashed holder's expired row was not swept"
+        );
+    }
+
+    async fn private_backend(srv: &common::sql::MyProc) -> Arc<dyn Backend> {
+        Arc::new(
+            dlock::MysqlBackend::builder(&srv.url())
+                .op_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .expect("backend on the private mariadbd"),
+        )
+    }
+
+    /// SIGSTOP of the server past the ttl: lost() by the holder's own deadline, calls fail fast
+    /// with a typed backend error, and after SIGCONT the same backend works again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sigstop_past_the_ttl_fires_lost_by_the_deadline_and_calls_recover() {
+        let srv = tokio::task::spawn_blocking(common::sql::MyProc::start)
+            .await
+            .unwrap();
+        let b = private_backend(&srv).await;
+        let ttl = Duration::from_secs(1);
+        let g = Lock::new("stop")
+            .with_backend(b.clone())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        srv.pause();
+        let t0 = Instant::now();
+        let reason = tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() did not fire while the server was stopped");
+        assert!(
+            t0.elapsed() <= ttl + Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
+        assert_eq!(reason, dlock::LostReason::Deadline);
+        let t1 = Instant::now();
+        let e = Lock::new("other")
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(e.is_backend(), "{e:?}");
+        assert!(t1.elapsed() < Duration::from_secs(2), "{:?}", t1.elapsed());
+        srv.resume();
+        drop(g);
+        let ok = common::eventually(Duration::from_secs(10), || {
+            let b = b.clone();
+            async move {
+                match Lock::new("stop")
+                    .with_backend(b)
+                    .wait(Duration::from_secs(3))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g.release().await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        assert!(ok, "no acquire on the same backend after SIGCONT");
+    }
+
+    /// A crash (SIGKILL) and restart of the server while holding: lost() by the deadline, then
+    /// the same backend works again without re-init.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn server_crash_and_restart_fires_lost_and_calls_recover_without_reinit() {
+        let mut srv = tokio::task::spawn_blocking(common::sql::MyProc::start)
+            .await
+            .unwrap();
+        let b = private_backend(&srv).await;
+        let ttl = Duration::from_secs(1);
+        let g = Lock::new("restart")
+            .with_backend(b.clone())
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        srv.kill();
+        let t0 = Instant::now();
+        tokio::time::timeout(Duration::from_secs(5), lost)
+            .await
+            .expect("lost() did not fire while the server was down");
+        assert!(
+            t0.elapsed() <= ttl + Duration::from_millis(300),
+            "{:?}",
+            t0.elapsed()
+        );
+        let srv = tokio::task::spawn_blocking(move || {
+            srv.start_again();
+            srv
+        })
+        .await
+        .unwrap();
+        drop(g);
+        let ok = common::eventually(Duration::from_secs(15), || {
+            let b = b.clone();
+            async move {
+                match Lock::new("restart")
+                    .with_backend(b)
+                    .wait(Duration::from_secs(3))
+                    .acquire()
+                    .await
+                {
+                    Ok(g) => g.release().await.is_ok(),
+                    Err(_) => false,
+                }
+            }
+        })
+        .await;
+        assert!(ok, "no acquire on the same backend after the restart");
+        drop(srv);
+    }
+}

@@ -1,0 +1,315 @@
+//! ZooKeeper faults (feature `zookeeper`): ensemble member kills, a paused holder process, a lost
+//! create reply. Servers are private (tests/common/zookeeper.rs), on free loopback ports.
+#![cfg(feature = "zookeeper")]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::proxy::{Mode, Proxy};
+use common::zookeeper::{SESSION, ZkEnsemble, ZkProc, admin};
+use common::{child_say, spawn_self};
+use dlock::{Lock, LockError, ZookeeperBackend};
+
+async fn backend(hosts: &str, session: Duration, request: Duration) -> ZookeeperBackend {
+    ZookeeperBackend::builder(hosts)
+        .session_timeout(session)
+        .request_timeout(request)
+        .build()
+        .await
+        .expect("connect")
+}
+
+async fn ensemble() -> ZkEnsemble {
+    tokio::task::spawn_blocking(ZkEnsemble::start)
+        .await
+        .expect("start the ensemble")
+}
+
+/// Kill one follower of a 3-server ensemble (the one the holder is connected to, when it is a
+/// follower): the holder keeps its lock (never told lost, renewals keep confirming), the lock
+/// stays exclusive, and new acquisitions of other names work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_minority_keeps_locks_working_and_no_holder_is_told_lost() {
+    let mut e = ensemble().await;
+    let session = Duration::from_secs(4);
+    let b = backend(&e.hosts(), session, Duration::from_secs(2)).await;
+    let other = backend(&e.hosts(), session, Duration::from_secs(2)).await;
+    let g = Lock::new("minority")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let leader = e.leader().expect("a leader");
+    let victim = e
+        .member_of_session(b.session_id())
+        .filter(|&m| m != leader)
+        .unwrap_or((leader + 1) % ZkEnsemble::SIZE);
+    e.kill(victim);
+    // Three session timeouts of renewals through the loss of a member.
+    let until = Instant::now() + session * 3;
+    let mut i = 0;
+    while Instant::now() < until {
+        let n = format!("minority-other-{i}");
+        let g2 = tokio::time::timeout(
+            Duration::from_secs(10),
+            Lock::new(n.as_str())
+                .with_backend(Arc::new(other.clone()))
+                .wait(Duration::from_secs(5))
+                .acquire(),
+        )
+        .await
+        .expect("bounded")
+        .expect("acquire with a minority down");
+        g2.release().await.unwrap();
+        let busy = Lock::new("minority")
+            .with_backend(Arc::new(other.clone()))
+            .acquire()
+            .await;
+        assert!(
+            matches!(busy, Err(LockError::Busy { .. })),
+            "the held lock is still exclusive: {busy:?}"
+        );
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(i > 0);
+    assert!(
+        g.is_valid(),
+        "the holder lost its lock to a minority failure"
+    );
+    assert_eq!(g.lost_reason(), None);
+    g.release().await.expect("release after a minority failure");
+}
+
+/// Kill two of three members: an acquisition fails with a typed error within its wait (plus one
+/// request bound), and the holder's `lost()` fires by its session deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_majority_fails_acquire_with_a_typed_error_and_holders_see_lost() {
+    let mut e = ensemble().await;
+    let session = Duration::from_secs(2);
+    let request = Duration::from_secs(1);
+    let b = backend(&e.hosts(), session, request).await;
+    let other = backend(&e.hosts(), session, request).await;
+    let g = Lock::new("majority")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let granted = b.session_timeout();
+    let leader = e.leader().expect("a leader");
+    let cut = Instant::now();
+    e.kill(leader);
+    e.kill((leader + 1) % ZkEnsemble::SIZE);
+    let wait = Duration::from_secs(2);
+    let r = tokio::time::timeout(
+        Duration::from_secs(30),
+        Lock::new("majority-other")
+            .with_backend(Arc::new(other.clone()))
+            .wait(wait)
+            .acquire(),
+    )
+    .await
+    .expect("acquire is bounded");
+    let took = cut.elapsed();
+    match r {
+        Err(LockError::Backend { .. } | LockError::TimedOut { .. }) => {}
+        other => panic!("expected a backend error or a timeout, got {other:?}"),
+    }
+    assert!(
+        took <= wait + request * 2 + Duration::from_secs(2),
+        "acquire took {took:?} (wait {wait:?}, request bound {request:?})"
+    );
+    let reason = tokio::time::timeout(granted * 3, g.lost())
+        .await
+        .expect("lost() fired");
+    assert!(
+        cut.elapsed() <= granted + Duration::from_millis(1500),
+        "lost() {:?} after the kill; session {granted:?}",
+        cut.elapsed()
+    );
+    assert!(!g.is_valid());
+    let _ = reason;
+}
+
+/// Child side of the pause test: holds `paused` (ttl 60 s, so only the session bounds it) and
+/// reports every completed await of its body with the time since the previous one, or `LOST`.
+#[test]
+#[ignore = "child-process entry point; run by paused_holder_process_loses_its_node_and_hears_lost_before_its_next_await"]
+fn zk_child_entry() {
+    let Some(_mode) = common::child_mode() else {
+        return;
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let hosts = std::env::var("DLOCK_ZK").expect("DLOCK_ZK");
+        let b = backend(&hosts, SESSION, Duration::from_secs(2)).await;
+        let g = Lock::new("paused")
+            .with_backend(Arc::new(b))
+            .ttl(Duration::from_secs(60))
+            .acquire()
+            .await
+            .unwrap();
+        child_say(format!("HELD {}", g.fencing_token()));
+        let mut last = Instant::now();
+        for _ in 0..2000 {
+            tokio::select! {
+                biased;
+                r = g.lost() => {
+                    child_say(format!("LOST {r:?}"));
+                    break;
+                }
+                _ = tokio::time::sleep(Duration::from_millis(20)) => {
+                    child_say(format!("TICK {}", last.elapsed().as_millis()));
+                    last = Instant::now();
+                }
+            }
+        }
+        drop(g);
+    });
+}
+
+/// SIGSTOP the holder's process past its session timeout: the server deletes its node, the next
+/// holder's token is larger, and after SIGCONT the stale holder's `lost()` fires before any
+/// further await of its body completes (no `TICK` line spanning the pause comes before `LOST`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_holder_process_loses_its_node_and_hears_lost_before_its_next_await() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let mut child = spawn_self("zk_child_entry", "hold", &[("DLOCK_ZK", server.hosts())]);
+    let line = child.expect_line(Duration::from_secs(60));
+    let stale_token: u64 = line
+        .strip_prefix("HELD ")
+        .unwrap_or_else(|| panic!("unexpected line {line:?}"))
+        .parse()
+        .unwrap();
+    let pid = child.pid();
+    // SAFETY: kill(2) on our own child process.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGSTOP) }, 0);
+    let paused = Instant::now();
+    let b = backend(&server.hosts(), SESSION, Duration::from_secs(2)).await;
+    let g = tokio::time::timeout(
+        Duration::from_secs(30),
+        Lock::new("paused")
+            .with_backend(Arc::new(b.clone()))
+            .wait(Duration::from_secs(25))
+            .acquire(),
+    )
+    .await
+    .expect("bounded")
+    .expect("the paused holder's session expires and the lock is taken");
+    assert!(
+        paused.elapsed() >= SESSION / 2,
+        "the lock was taken while the paused holder's session should still live"
+    );
+    assert!(
+        g.fencing_token() > stale_token,
+        "the next holder's token is larger"
+    );
+    // The stale node is gone: only the new holder's node is left.
+    let c = admin(&server).await;
+    let kids = c.list_children(&b.lock_dir("paused")).await.unwrap();
+    assert_eq!(kids.len(), 1, "nodes left: {kids:?}");
+    let pause = paused.elapsed();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) }, 0);
+    let mut ticks_before_stop = 0;
+    loop {
+        let l = child.expect_line(Duration::from_secs(30));
+        if l.starts_with("LOST") {
+            break;
+        }
+        let gap: u128 = l
+            .strip_prefix("TICK ")
+            .expect("TICK or LOST")
+            .parse()
+            .unwrap();
+        assert!(
+            gap < pause.as_millis() / 2,
+            "an await of the stale holder's body completed across the pause ({gap} ms) before lost() fired"
+        );
+        ticks_before_stop += 1;
+    }
+    let _ = ticks_before_stop;
+    g.release().await.unwrap();
+    child.wait_success(Duration::from_secs(30));
+}
+
+/// Drop the replies of a contender's connection while it creates its node: the create reaches
+/// the server, its answer does not. The acquisition fails with a typed error and, once the
+/// connection is back (same session, still alive), the node is deleted: no orphan stays queued
+/// in front of later contenders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_create_reply_leaves_no_orphan_node() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    let holder_b = backend(&server.hosts(), SESSION, Duration::from_secs(2)).await;
+    let holder = Lock::new("orphan")
+        .with_backend(Arc::new(holder_b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let session = Duration::from_secs(5);
+    let c_b = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        session,
+        Duration::from_millis(500),
+    )
+    .await;
+    let c_session = c_b.session_id();
+    let admin_c = admin(&server).await;
+    let dir = holder_b.lock_dir("orphan");
+    proxy.set_mode(Mode::DropReplies);
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        Lock::new("orphan")
+            .with_backend(Arc::new(c_b.clone()))
+            .acquire(),
+    )
+    .await
+    .expect("bounded");
+    assert!(matches!(r, Err(LockError::Backend { .. })), "got {r:?}");
+    // The create did reach the server: two nodes now.
+    let kids = admin_c.list_children(&dir).await.unwrap();
+    assert_eq!(
+        kids.len(),
+        2,
+        "the contender's create reached the server: {kids:?}"
+    );
+    proxy.set_mode(Mode::Pass);
+    let start = Instant::now();
+    loop {
+        let kids = admin_c.list_children(&dir).await.unwrap();
+        if kids.len() == 1 {
+            break;
+        }
+        assert!(
+            start.elapsed() < session,
+            "orphan node still there after {:?}: {kids:?}",
+            start.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        c_b.session_id(),
+        c_session,
+        "removed by the backend, not by a session expiry"
+    );
+    holder.release().await.unwrap();
+    // Nothing queued in front: the next contender gets the lock at once.
+    let g = tokio::time::timeout(
+        Duration::from_secs(5),
+        Lock::new("orphan")
+            .with_backend(Arc::new(c_b.clone()))
+            .acquire(),
+    )
+    .await
+    .expect("bounded")
+    .expect("free after the holder released");
+    g.release().await.unwrap();
+}
