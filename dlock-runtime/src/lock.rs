@@ -565,8 +565,11 @@ impl Drop for GiveUp<'_> {
 }
 
 /// Gives back every hold of `owner` on `name` in the background (owner-checked: a lock that
-/// another owner holds by now is left alone), bounded by the lease's ttl (after which the server
-/// frees it anyway). Without a runtime the lease runs out by itself.
+/// another owner holds by now is left alone). A give-back that fails (the connection is down,
+/// the call timed out) is retried with back-off until it is answered or the lease's ttl has
+/// passed (after which the server frees it anyway): a try whose outcome was unknown during a
+/// partition is cleaned up as soon as the server answers again, instead of blocking the name
+/// for a whole lease. Without a runtime the lease runs out by itself.
 fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>, ttl: Duration) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
         return;
@@ -575,15 +578,30 @@ fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>, ttl: 
     let name = name.to_string();
     let owner = owner.clone();
     rt.spawn(async move {
-        let bound = crate::guard::give_back_bound(ttl);
-        match tokio::time::timeout(bound, backend.release(&name, &owner, None, true)).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::debug!(key = %name, error = %e, "dlock: giving back an unused grant failed; its lease runs out by itself")
+        let end = Instant::now() + crate::guard::give_back_bound(ttl);
+        let mut backoff = GIVE_BACK_RETRY_FIRST;
+        let mut tries = 0u32;
+        loop {
+            tries += 1;
+            let why = match tokio::time::timeout_at(end, backend.release(&name, &owner, None, true))
+                .await
+            {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => "no reply in time".to_string(),
+            };
+            let next = Instant::now() + backoff;
+            if next >= end {
+                tracing::debug!(key = %name, error = %why, tries, "dlock: giving back an unused grant failed; its lease runs out by itself");
+                return;
             }
-            Err(_) => {
-                tracing::debug!(key = %name, "dlock: giving back an unused grant got no reply in time; its lease runs out by itself")
-            }
+            tracing::trace!(key = %name, error = %why, tries, "dlock: giving back an unused grant failed; retrying");
+            tokio::time::sleep_until(next).await;
+            backoff = (backoff * 2).min(GIVE_BACK_RETRY_MAX);
         }
     });
 }
+
+/// Back-off between the tries of a background give-back: from the first to the most.
+const GIVE_BACK_RETRY_FIRST: Duration = Duration::from_millis(50);
+const GIVE_BACK_RETRY_MAX: Duration = Duration::from_secs(1);

@@ -2,7 +2,7 @@
 //! `tests/ui/fail/*.rs` must fail with exactly the checked-in `.stderr`.
 //!
 //! Stable only: rustc's wording and spans drift between channels. After a deliberate change to
-//! a message, regenerate with `TRYBUILD=overwrite cargo test --test ui` and review the diff.
+//! a message, regenerate with `TRYBUILD=overwrite cargo test -p dlock-ui --test ui` and review the diff.
 
 #[rustversion::attr(not(stable), ignore)]
 #[test]
