@@ -22,6 +22,11 @@ struct Net {
 }
 
 async fn net() -> Net {
+    // dlock's debug events go to the test's captured output: shown when a test fails.
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("dlock=debug,dlock_runtime=debug")
+        .try_init();
     let server = tokio::task::spawn_blocking(RedisProc::start)
         .await
         .expect("start redis-server");
@@ -294,6 +299,79 @@ async fn late_grant_is_given_back_not_born_lost() {
         .await
         .expect("acquire after the delay ends");
     assert!(g.is_valid());
+    g.release().await.unwrap();
+}
+
+/// An acquire whose reply was lost after the server granted it leaves no ghost once the network
+/// heals: its give-back, which cannot reach the server during the partition, is retried, so the
+/// name is free right after the heal instead of for the whole 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_outcome_grant_is_given_back_after_the_heal() {
+    let n = net().await;
+    // Connect the data connection through the proxy first.
+    Lock::new("ghost")
+        .with_backend(n.via_proxy.clone())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    n.proxy.set_mode(Mode::DropReplies);
+    let via = n.via_proxy.clone();
+    let attempt = tokio::spawn(async move {
+        Lock::new("ghost")
+            .with_backend(via)
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    // The request reaches the server (a grant), its reply is dropped. Watched with a plain
+    // EXISTS, so that no probe of ours competes for the name.
+    let mut raw = redis::Client::open(n.server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let lock_key = dlock::redis_keys("ghost").lock;
+    let granted = Instant::now();
+    loop {
+        let held: bool = redis::cmd("EXISTS")
+            .arg(&lock_key)
+            .query_async(&mut raw)
+            .await
+            .unwrap();
+        if held {
+            break;
+        }
+        assert!(
+            granted.elapsed() < Duration::from_secs(5),
+            "the try never reached the server"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Now nothing gets through: the give-back after the try's error is lost too.
+    n.proxy.set_mode(Mode::Blackhole);
+    let r = tokio::time::timeout(Duration::from_secs(5), attempt)
+        .await
+        .expect("the try is bounded")
+        .unwrap();
+    assert!(r.is_err(), "a grant without a reply was handed out");
+    // Longer than the client's own reconnect attempts (3 × the 500 ms connection timeout).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    n.proxy.set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let g = Lock::new("ghost")
+        .with_backend(n.direct.clone())
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the ghost grant was given back after the heal");
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "the name was free only {:?} after the heal (the ghost's lease is 30 s)",
+        healed.elapsed()
+    );
     g.release().await.unwrap();
 }
 
