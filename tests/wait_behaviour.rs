@@ -119,6 +119,13 @@ async fn wait_deadline_gives_timed_out_at_the_deadline(env: Env) {
         .await
         .unwrap();
     let other = env.another_backend().await;
+    // Connect `other` first (discovery, handshake): the waits below then measure waiting, and
+    // the first try of each answers "busy" well within its wait.
+    let warm = Lock::new("deadline")
+        .with_backend(other.clone())
+        .acquire()
+        .await;
+    assert!(warm.as_ref().is_err_and(|e| e.is_contended()), "{warm:?}");
     let mut tasks = Vec::new();
     for wait_ms in [100u64, 400, 700] {
         let l = Lock::new("deadline")

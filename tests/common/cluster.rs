@@ -338,9 +338,11 @@ pub fn parse_cluster_nodes(text: &str) -> Vec<NodeInfo> {
 }
 
 impl Env {
-    /// Three masters with one replica each and a `ClusterBackend` over them.
+    /// Three masters without replicas and a `ClusterBackend` over them: the shared suites test
+    /// the lock, not replication (half the servers to start per test). `tests/cluster.rs` keeps
+    /// replicas for its failover tests.
     pub async fn cluster() -> Env {
-        let set = tokio::task::spawn_blocking(|| ClusterSet::start(3, 1))
+        let set = tokio::task::spawn_blocking(|| ClusterSet::start(3, 0))
             .await
             .expect("start the cluster");
         let b = ClusterBackend::connect(set.urls())
