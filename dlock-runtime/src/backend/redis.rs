@@ -102,6 +102,7 @@ impl RedisBackendBuilder {
     pub async fn connect(self) -> Result<RedisBackend, LockError> {
         let backend = self.build()?;
         backend.ping().await?;
+        backend.load_scripts().await;
         backend.check_eviction_policy().await;
         Ok(backend)
     }
@@ -786,6 +787,25 @@ impl RedisBackend {
                 source: format!("cannot reach Redis at {}: {e}", self.inner.url).into(),
             })?;
         Ok(())
+    }
+
+    /// Loads the scripts into the server's script cache (`SCRIPT LOAD`), so that the first calls
+    /// run at once instead of each answering `NOSCRIPT` and being sent again after a load. Two
+    /// calls resent that way are no longer ordered as they were sent: a release of an owner sent
+    /// right after its acquire could run first and find nothing to free. After a server restart
+    /// (which empties the cache, and the locks with it) the first calls load them again.
+    /// A failure (a user whose ACL lacks `SCRIPT`) is logged, not fatal: the calls then load the
+    /// scripts themselves as before.
+    pub(crate) async fn load_scripts(&self) {
+        let Ok((mut con, _)) = self.conn("") else {
+            return;
+        };
+        for script in [&*scripts::ACQUIRE, &*scripts::RELEASE, &*scripts::EXTEND] {
+            if let Err(e) = script.prepare_invoke().load_async(&mut con).await {
+                tracing::warn!(url = %self.inner.url, error = %e, "dlock: cannot preload the lock scripts; calls load them on first use");
+                return;
+            }
+        }
     }
 
     /// Warns when the server may evict lock keys (`maxmemory-policy` other than `noeviction`):

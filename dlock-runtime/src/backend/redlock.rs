@@ -127,6 +127,8 @@ impl RedlockBuilder {
                 proxies,
                 next_proxy: AtomicU64::new(0),
                 dirty: Mutex::new(HashSet::new()),
+                inflight: Mutex::new(HashMap::new()),
+                next_try: AtomicU64::new(0),
             }),
         })
     }
@@ -139,6 +141,7 @@ impl RedlockBuilder {
             match tokio::time::timeout(t, n.backend.server_run_id()).await {
                 Ok(Ok(id)) => {
                     n.lock_state().run_id = Some(id);
+                    let _ = tokio::time::timeout(t, n.backend.load_scripts()).await;
                     Ok(())
                 }
                 Ok(Err(e)) => Err(format!("{}: {e}", n.backend.url())),
@@ -189,6 +192,12 @@ struct Inner {
     /// (node, name, owner) whose clean-up after a failed acquire is still pending on that node:
     /// its votes for that owner are not counted until the clean-up ran.
     dirty: Mutex<HashSet<(usize, String, String)>>,
+    /// Acquire calls still running on a node, by (node, name, owner): a quorum may grant before a
+    /// slow node answered, and that node's release must not overtake its acquire (it would find
+    /// nothing to free, and the acquire would then leave a hold for the whole ttl). Each entry
+    /// is (try id, a receiver that turns true when the call has ended); removed by the call.
+    inflight: Mutex<HashMap<NodeCall, Vec<CallEnd>>>,
+    next_try: AtomicU64,
 }
 
 struct Node {
@@ -254,6 +263,41 @@ async fn join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> 
     out.into_iter()
         .map(|v| v.expect("every future completed"))
         .collect()
+}
+
+/// How long a node's release waits for this owner's acquire on that node to end. The acquire
+/// is itself bounded by the node connection's response timeout (1 s by default), so this only
+/// stops a release from waiting on a call that somehow outlives its own bound.
+const INFLIGHT_BOUND: Duration = Duration::from_secs(5);
+
+/// (node index, lock name, owner id).
+type NodeCall = (usize, String, String);
+/// (try id, a receiver that turns true when the call has ended).
+type CallEnd = (u64, tokio::sync::watch::Receiver<bool>);
+
+/// An acquire call registered in `Inner::inflight`; dropped when the call's task ends.
+struct Tracked {
+    inner: Arc<Inner>,
+    key: NodeCall,
+    id: u64,
+    done: tokio::sync::watch::Sender<bool>,
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        let _ = self.done.send(true);
+        let mut map = self
+            .inner
+            .inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(v) = map.get_mut(&self.key) {
+            v.retain(|(id, _)| *id != self.id);
+            if v.is_empty() {
+                map.remove(&self.key);
+            }
+        }
+    }
 }
 
 /// One node's answer to an acquire or extend, and whether it counts toward a quorum.
@@ -360,12 +404,53 @@ impl Inner {
         !d.is_empty() && d.contains(&(i, name.to_string(), owner.to_string()))
     }
 
+    /// Registers an acquire call on node `i`; the returned value ends the registration (and
+    /// wakes releases waiting for it) when dropped with the call's task.
+    fn track(self: &Arc<Self>, i: usize, name: &str, owner: &str) -> Tracked {
+        let id = self.next_try.fetch_add(1, Ordering::Relaxed);
+        let (done, rx) = tokio::sync::watch::channel(false);
+        let key = (i, name.to_string(), owner.to_string());
+        self.inflight
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_default()
+            .push((id, rx));
+        Tracked {
+            inner: self.clone(),
+            key,
+            id,
+            done,
+        }
+    }
+
+    /// Waits (at most `bound`) until every acquire call of `owner` on node `i` has ended.
+    async fn after_inflight(&self, i: usize, name: &str, owner: &str, bound: Duration) {
+        let waits: Vec<tokio::sync::watch::Receiver<bool>> = {
+            let map = self.inflight.lock().unwrap_or_else(|e| e.into_inner());
+            if map.is_empty() {
+                return;
+            }
+            map.get(&(i, name.to_string(), owner.to_string()))
+                .map(|v| v.iter().map(|(_, rx)| rx.clone()).collect())
+                .unwrap_or_default()
+        };
+        let _ = tokio::time::timeout(
+            bound,
+            join_all(waits.into_iter().map(|mut rx| async move {
+                let _ = rx.wait_for(|d| *d).await;
+            })),
+        )
+        .await;
+    }
+
     /// Runs `op` on every node in a task of its own, also reading the node's `run_id`, and
     /// returns the receiver of the replies and the tasks.
     fn fan_out<T, F>(
         self: &Arc<Self>,
         name: &str,
         owner: &str,
+        track: bool,
         op: F,
     ) -> (
         mpsc::UnboundedReceiver<NodeReply<T>>,
@@ -393,7 +478,9 @@ impl Inner {
             let backend = node.backend.clone();
             let me = self.clone();
             let tx = tx.clone();
+            let tracked = track.then(|| self.track(i, name, owner));
             tasks.push(Some(tokio::spawn(async move {
+                let _tracked = tracked;
                 // The script is polled first, so it is queued on the connection before INFO: a
                 // run_id read after it names the instance it ran on, or a later one.
                 let (r, id) = tokio::join!(fut, backend.server_run_id());
@@ -419,7 +506,7 @@ impl Inner {
         let sent = Instant::now();
         self.note_ttl(ttl);
         let n = self.nodes.len();
-        let (mut rx, tasks) = self.fan_out(name, owner, move |b, name, owner| {
+        let (mut rx, tasks) = self.fan_out(name, owner, true, move |b, name, owner| {
             Box::pin(async move { b.try_acquire(&name, &owner, ttl).await })
         });
         let deadline = sent + self.node_timeout;
@@ -552,7 +639,7 @@ impl Inner {
     }
 
     async fn release(
-        &self,
+        self: &Arc<Self>,
         name: &str,
         owner: &str,
         keep_for: Option<Duration>,
@@ -564,10 +651,14 @@ impl Inner {
         let n = self.nodes.len();
         let started = Instant::now();
         let (tx, mut rx) = mpsc::unbounded_channel();
-        for node in &self.nodes {
+        for (i, node) in self.nodes.iter().enumerate() {
             let backend = node.backend.clone();
             let (name, owner, tx) = (name.to_string(), owner.to_string(), tx.clone());
+            let me = self.clone();
             tokio::spawn(async move {
+                // Behind this owner's acquire on the node, if that is still running (a quorum
+                // granted before this node answered): bounded by the node's own call bounds.
+                me.after_inflight(i, &name, &owner, INFLIGHT_BOUND).await;
                 let _ = tx.send(backend.release(&name, &owner, keep_for, all).await);
             });
         }
@@ -627,7 +718,7 @@ impl Inner {
         let sent = Instant::now();
         self.note_ttl(ttl);
         let n = self.nodes.len();
-        let (mut rx, _tasks) = self.fan_out(name, owner, move |b, name, owner| {
+        let (mut rx, _tasks) = self.fan_out(name, owner, false, move |b, name, owner| {
             Box::pin(async move { b.extend(&name, &owner, ttl).await })
         });
         let deadline = sent + self.node_timeout;
