@@ -122,6 +122,22 @@ impl WaitQueues {
         false
     }
 
+    /// Wakes the first waiter of `key` unless one of its waiters is woken already and has not
+    /// yet started its retry: that retry comes after the release being reported, so it sees it
+    /// too. For a backend that hears one release several times (Redlock: once per node), so
+    /// that the copies do not wake more waiters. Returns whether one was woken.
+    pub(crate) fn wake_one_unless_pending(&self, key: &str) -> bool {
+        let map = self.lock();
+        if let Some(q) = map.get(key)
+            && !q.slots.iter().any(|s| s.woken.load(Ordering::Acquire))
+            && let Some(s) = q.slots.front()
+        {
+            s.wake();
+            return true;
+        }
+        false
+    }
+
     /// Wakes every waiter (after a lost pub/sub connection: releases may have been missed).
     pub fn wake_all(&self) {
         for q in self.lock().values() {

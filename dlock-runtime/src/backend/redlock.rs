@@ -825,9 +825,11 @@ impl Inner {
 }
 
 /// Subscribes to `name`'s release channel on every node and turns their messages into local
-/// wake-ups: one per release. A release publishes once on every node it freed; node `i`'s k-th
-/// message stands for the k-th release, so a local waiter is woken only when some node's count
-/// passes the number of wake-ups already given.
+/// wake-ups. A release publishes once on every node it freed, and so does the clean-up of a try
+/// that failed to reach a quorum (on the nodes it had taken): the messages do not line up
+/// node by node, so none may be dropped by counting. Each message wakes the first local waiter
+/// unless a waiter is already woken and has not started its retry (that retry will see this
+/// release too): the copies of one release wake one waiter, and no release goes unheard.
 async fn run_proxy(
     inner: Arc<Inner>,
     name: String,
@@ -891,18 +893,14 @@ async fn run_proxy(
         }
         let _ = ready2.send(true);
     });
-    let mut per_node = vec![0u64; n];
-    let mut wakes = 0u64;
     loop {
         tokio::select! {
             _ = stop.cancelled() => break,
             m = rx.recv() => {
-                let Some(i) = m else { break };
-                per_node[i] += 1;
-                if per_node[i] > wakes {
-                    wakes = per_node[i];
-                    inner.queues.wake_one(&name);
+                if m.is_none() {
+                    break;
                 }
+                inner.queues.wake_one_unless_pending(&name);
             }
         }
     }
