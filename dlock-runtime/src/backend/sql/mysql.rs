@@ -359,8 +359,8 @@ impl MysqlBackendBuilder {
 ///   `sweep_after` (every 256th freeing release runs one bounded `DELETE` in the background);
 ///   an expired row of a crashed holder is taken over by the next acquire before that.
 /// * **TLS** (feature `mysql-tls`, rustls): `require_ssl=true` in the URL or
-///   [`MysqlBackendBuilder::require_tls`]; the server's certificate is verified (built-in roots,
-///   `ssl_ca=/path` or [`MysqlBackendBuilder::tls_root_cert`]); no plain-text fallback.
+///   `MysqlBackendBuilder::require_tls`; the server's certificate is verified (built-in roots,
+///   `ssl_ca=/path` or `MysqlBackendBuilder::tls_root_cert`); no plain-text fallback.
 /// * **Waiting** polls: one poller per name and process, in front of the local wait queue, reads
 ///   the row every 100–250 ms (jittered, never past the holder's remaining lease) and wakes one
 ///   local waiter when the lock is free. A release in this process wakes a local waiter at once.
