@@ -123,8 +123,10 @@ impl MysqlBackendBuilder {
     /// Trusts the CA certificate(s) in `pem` for the server's certificate, besides the built-in
     /// roots (feature `mysql-tls`); implies [`MysqlBackendBuilder::require_tls`]. The URL
     /// parameter `ssl_ca=/path/ca.pem` adds a CA file the same way, and `built_in_roots=false`
-    /// trusts only the given ones. (The driver's `verify_ca=false` / `verify_identity=false`
-    /// turn the certificate or name check off: encrypted, but not authenticated.)
+    /// trusts only the given ones. (The driver's `verify_ca=false` turns the certificate check
+    /// off: encrypted, but not authenticated. Its `verify_identity=false` does not skip the
+    /// name check with the rustls version in use: the driver matches an error text that
+    /// rustls no longer produces.)
     #[cfg(feature = "mysql-tls")]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
