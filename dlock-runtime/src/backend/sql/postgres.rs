@@ -767,7 +767,9 @@ impl PostgresBackend {
             let sql = &me.inner.sql.sweep;
             let r = bounded("", "the sweep", me.inner.op_timeout, async {
                 let c = pool.get().await?;
-                Ok::<_, DynError>(c.execute(sql.as_str(), &[]).await?)
+                // Simple query protocol: `execute(&str)` would prepare a named statement, which
+                // a transaction-mode pooler can look up in another server session.
+                Ok::<_, DynError>(c.batch_execute(sql).await?)
             })
             .await;
             if let Err(e) = r {
