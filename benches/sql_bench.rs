@@ -11,6 +11,9 @@
 //! * S2 hand-off: 16 workers, each with a backend of its own (as 16 processes would have), on
 //!   one name; each acquires (wait 30 s), holds ~1 ms, releases. Hand-off = next grant − previous
 //!   release. p50/p99 for PostgreSQL (LISTEN/NOTIFY) and MySQL (polling 100–250 ms).
+//!   PostgreSQL runs four builder variants: the default, `synchronous_commit(false)`,
+//!   `prepared_statements(true)` and both (`DLOCK_BENCH_PG_VARIANTS=postgres,pg-prep` narrows
+//!   them), and one durable single-row commit as the hand-off's floor.
 //!
 //! `DLOCK_BENCH_ROUNDS` (default 5) rounds of `DLOCK_BENCH_PAIRS` (default 500) pairs for S1.
 
@@ -157,7 +160,7 @@ fn ms(d: Duration) -> f64 {
 fn report(engine: &str, h: &Handoffs) -> (Duration, Duration) {
     let (p50, p99) = (pct(&h.total, 0.5), pct(&h.total, 0.99));
     println!(
-        "S2 {engine:<9} hand-offs {:>5}   p50 {:>8.2} ms   p99 {:>8.2} ms   \
+        "S2 {engine:<14} hand-offs {:>5}   p50 {:>8.2} ms   p99 {:>8.2} ms   \
          (release call p50 {:.2} p99 {:.2} ms; release returned -> grant p50 {:.2} p99 {:.2} ms, {} split)",
         h.total.len(),
         ms(p50),
@@ -205,6 +208,11 @@ async fn commit_floor(pool: &dlock::deadpool_postgres::Pool, t: &str) -> (Durati
 
 fn wanted(engine: &str) -> bool {
     std::env::var("DLOCK_BENCH_ENGINES").map_or(true, |v| v.split(',').any(|e| e == engine))
+}
+
+/// `DLOCK_BENCH_PG_VARIANTS=postgres,pg-prep` narrows the PostgreSQL S2 variants.
+fn variant_wanted(label: &str) -> bool {
+    std::env::var("DLOCK_BENCH_PG_VARIANTS").map_or(true, |v| v.split(',').any(|e| e == label))
 }
 
 fn s1_wanted() -> bool {
@@ -258,35 +266,38 @@ async fn postgres() -> Option<(f64, Duration, Duration)> {
         })
         .await
     };
-    let mut bs: Vec<Arc<dyn Backend>> = Vec::new();
-    for _ in 0..16 {
-        bs.push(Arc::new(
-            PostgresBackend::builder(&url)
-                .table(&t)
-                .pool_size(2)
-                .connect()
-                .await
-                .unwrap(),
-        ));
+    // S2 per builder variant, in this order: the default; `synchronous_commit(false)` (grants
+    // and renewals do not wait for the disk either: an opt-in with a documented cost); and the
+    // same two with `prepared_statements(true)` (statements planned once per connection: an
+    // opt-in, not behind a transaction-mode pooler).
+    let mut first = None;
+    for (label, sync, prepared) in [
+        ("postgres", true, false),
+        ("pg-nosync", false, false),
+        ("pg-prep", true, true),
+        ("pg-prep-nosync", false, true),
+    ] {
+        if !variant_wanted(label) {
+            continue;
+        }
+        let mut bs: Vec<Arc<dyn Backend>> = Vec::new();
+        for _ in 0..16 {
+            bs.push(Arc::new(
+                PostgresBackend::builder(&url)
+                    .table(&t)
+                    .pool_size(2)
+                    .synchronous_commit(sync)
+                    .prepared_statements(prepared)
+                    .connect()
+                    .await
+                    .unwrap(),
+            ));
+        }
+        let v = s2(bs, 800, Duration::from_secs(60)).await;
+        let r = report(label, &v);
+        first.get_or_insert(r);
     }
-    let v = s2(bs, 800, Duration::from_secs(60)).await;
-    let (p50, p99) = report("postgres", &v);
-    // The same with `synchronous_commit(false)`: grants and renewals do not wait for the disk
-    // either (an opt-in with a documented cost, see the builder).
-    let mut bs: Vec<Arc<dyn Backend>> = Vec::new();
-    for _ in 0..16 {
-        bs.push(Arc::new(
-            PostgresBackend::builder(&url)
-                .table(&t)
-                .pool_size(2)
-                .synchronous_commit(false)
-                .connect()
-                .await
-                .unwrap(),
-        ));
-    }
-    let v = s2(bs, 800, Duration::from_secs(60)).await;
-    report("pg-nosync", &v);
+    let (p50, p99) = first.unwrap_or_default();
     commit_floor(&pool, &t).await;
     let c = pool.get().await.unwrap();
     let _ = c

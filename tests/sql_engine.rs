@@ -20,8 +20,13 @@ use dlock::{Backend, Lock, LockError};
 /// lock-wait timeout) reaches a caller, never two holders at once, and the non-atomic counter of
 /// every round equals its grants. A fresh name every 500 ms exercises the first-use path too.
 async fn thirty_two_contenders_no_deadlock_exact_counts(env: Env) {
-    const ROUNDS: usize = 8;
     let clients: [Arc<dyn Backend>; 2] = [env.backend(), env.another_backend().await];
+    thirty_two_contenders_on(&format!("{:?}", env.kind), clients).await;
+}
+
+/// The body of [`thirty_two_contenders_no_deadlock_exact_counts`] on two given clients.
+async fn thirty_two_contenders_on(label: &str, clients: [Arc<dyn Backend>; 2]) {
+    const ROUNDS: usize = 8;
     let counters: Arc<Vec<AtomicU64>> = Arc::new((0..ROUNDS).map(|_| AtomicU64::new(0)).collect());
     let inside: Arc<Vec<AtomicUsize>> =
         Arc::new((0..ROUNDS).map(|_| AtomicUsize::new(0)).collect());
@@ -100,8 +105,7 @@ async fn thirty_two_contenders_no_deadlock_exact_counts(env: Env) {
     assert!(total >= ROUNDS as u64 * 5, "only {total} grants in 4 s");
     assert!(busy.load(Ordering::Relaxed) > 0, "no contention happened");
     eprintln!(
-        "{:?}: {total} grants, {} busy answers",
-        env.kind,
+        "{label}: {total} grants, {} busy answers",
         busy.load(Ordering::Relaxed)
     );
 }
@@ -441,6 +445,48 @@ mod on_postgres {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn thirty_two_contenders_no_deadlock_exact_counts() {
         super::thirty_two_contenders_no_deadlock_exact_counts(Env::postgres().await).await
+    }
+
+    /// The same with `prepared_statements(true)` (statements planned once per connection):
+    /// exclusion, exact counts and no error reaching a caller hold on the prepared path too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_contenders_with_prepared_statements() {
+        let env = Env::postgres().await;
+        let mut clients = Vec::new();
+        for _ in 0..2 {
+            let b = dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .prepared_statements(true)
+                .connect()
+                .await
+                .unwrap();
+            clients.push(Arc::new(b) as Arc<dyn Backend>);
+        }
+        let clients: [Arc<dyn Backend>; 2] = clients.try_into().ok().unwrap();
+        super::thirty_two_contenders_on("postgres, prepared statements", clients).await;
+        // Tokens still increase across a release on the prepared path.
+        let b = dlock::PostgresBackend::builder(&env.db().url)
+            .table(&env.db().table)
+            .prepared_statements(true)
+            .connect()
+            .await
+            .unwrap();
+        let b: Arc<dyn Backend> = Arc::new(b);
+        let mut last = 0;
+        for _ in 0..10 {
+            let g = Lock::new("prep-tokens")
+                .with_backend(b.clone())
+                .acquire()
+                .await
+                .unwrap();
+            assert!(
+                g.fencing_token() > last,
+                "{} after {last}",
+                g.fencing_token()
+            );
+            last = g.fencing_token();
+            g.release().await.unwrap();
+        }
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

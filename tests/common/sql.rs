@@ -750,10 +750,21 @@ mod myproc {
         dir: TempDir,
         port: u16,
         child: Option<Child>,
+        tls: bool,
     }
 
     impl MyProc {
         pub fn start() -> MyProc {
+            Self::start_with_tls(None)
+        }
+
+        /// A private server with TLS on: the given server certificate and key (PEM) as
+        /// `server.crt` / `server.key` in its directory (`--ssl-cert`, `--ssl-key`).
+        pub fn start_tls(cert_pem: &str, key_pem: &str) -> MyProc {
+            Self::start_with_tls(Some((cert_pem, key_pem)))
+        }
+
+        fn start_with_tls(tls: Option<(&str, &str)>) -> MyProc {
             let dir = TempDir::new("maria");
             let data = dir.path().join("data");
             let out = Command::new("mariadb-install-db")
@@ -774,10 +785,15 @@ mod myproc {
                 "mariadb-install-db failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            if let Some((cert, key)) = tls {
+                std::fs::write(dir.path().join("server.crt"), cert).expect("write server.crt");
+                std::fs::write(dir.path().join("server.key"), key).expect("write server.key");
+            }
             let mut p = MyProc {
                 dir,
                 port: 0,
                 child: None,
+                tls: tls.is_some(),
             };
             let mut last = String::new();
             for _ in 0..5 {
@@ -819,8 +835,18 @@ mod myproc {
                 .arg(format!(
                     "--pid-file={}",
                     self.dir.path().join("pid").display()
+                ));
+            if self.tls {
+                cmd.arg(format!(
+                    "--ssl-cert={}",
+                    self.dir.path().join("server.crt").display()
                 ))
-                .stdin(Stdio::null())
+                .arg(format!(
+                    "--ssl-key={}",
+                    self.dir.path().join("server.key").display()
+                ));
+            }
+            cmd.stdin(Stdio::null())
                 .stdout(f.try_clone().map_err(|e| e.to_string())?)
                 .stderr(f);
             let mut child = spawn_child(cmd).map_err(|e| format!("spawn mariadbd: {e}"))?;

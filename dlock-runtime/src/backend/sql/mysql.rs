@@ -73,6 +73,8 @@ pub struct MysqlBackendBuilder {
     lock_wait_timeout_s: u32,
     create_schema: bool,
     sweep_after: Duration,
+    require_tls: bool,
+    tls_roots: Vec<Vec<u8>>,
 }
 
 impl fmt::Debug for MysqlBackendBuilder {
@@ -84,6 +86,8 @@ impl fmt::Debug for MysqlBackendBuilder {
             .field("pool_size", &self.pool_size)
             .field("op_timeout", &self.op_timeout)
             .field("create_schema", &self.create_schema)
+            .field("require_tls", &self.require_tls)
+            .field("tls_roots", &self.tls_roots.len())
             .finish_non_exhaustive()
     }
 }
@@ -99,6 +103,115 @@ impl MysqlBackendBuilder {
             lock_wait_timeout_s: 2,
             create_schema: true,
             sweep_after: Duration::from_secs(300),
+            require_tls: false,
+            tls_roots: Vec::new(),
+        }
+    }
+
+    /// Requires TLS on every connection of the backend's own pool (feature `mysql-tls`), as the
+    /// URL parameter `require_ssl=true` does: the server's certificate is verified against the
+    /// built-in Mozilla roots plus [`MysqlBackendBuilder::tls_root_cert`] / `ssl_ca`, and its name
+    /// against the URL's host. A server without TLS, or a certificate that does not verify, is a
+    /// [`LockError`] at connect, never a plain-text fallback. There is no "prefer" mode: without
+    /// this, `require_ssl=true`, `ssl_ca` or a root certificate, connections are plain text.
+    #[cfg(feature = "mysql-tls")]
+    pub fn require_tls(mut self, on: bool) -> Self {
+        self.require_tls = on;
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` for the server's certificate, besides the built-in
+    /// roots (feature `mysql-tls`); implies [`MysqlBackendBuilder::require_tls`]. The URL
+    /// parameter `ssl_ca=/path/ca.pem` adds a CA file the same way, and `built_in_roots=false`
+    /// trusts only the given ones. (The driver's `verify_ca=false` turns the certificate check
+    /// off: encrypted, but not authenticated. Its `verify_identity=false` does not skip the
+    /// name check with the rustls version in use: the driver matches an error text that
+    /// rustls no longer produces.)
+    #[cfg(feature = "mysql-tls")]
+    pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.tls_roots.push(pem.into());
+        self
+    }
+
+    /// Takes the backend's own `ssl_ca=<path>` parameter out of a `mysql://` URL (mysql_async
+    /// refuses parameters it does not know); returns the URL without it and the path.
+    fn split_ssl_ca(url: &str) -> (String, Option<String>) {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_string(), None);
+        };
+        let mut ca = None;
+        let mut kept = Vec::new();
+        for kv in query.split('&') {
+            match kv.split_once('=') {
+                Some(("ssl_ca", path)) => ca = Some(path.to_string()),
+                _ => kept.push(kv),
+            }
+        }
+        let url = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        (url, ca)
+    }
+
+    /// Whether any TLS setting asks for TLS.
+    fn tls_asked(&self, opts: Option<&Opts>, ca_file: Option<&str>) -> bool {
+        self.require_tls
+            || !self.tls_roots.is_empty()
+            || ca_file.is_some()
+            || opts.is_some_and(|o| o.ssl_opts().is_some())
+    }
+
+    /// The TLS options of the backend's own connections: `None` for plain text.
+    fn tls_opts(
+        &self,
+        opts: &Opts,
+        ca_file: Option<String>,
+    ) -> Result<Option<mysql_async::SslOpts>, LockError> {
+        if !self.tls_asked(Some(opts), ca_file.as_deref()) {
+            return Ok(None);
+        }
+        #[cfg(not(feature = "mysql-tls"))]
+        {
+            // Without a TLS feature the driver panics when asked for TLS.
+            let _ = ca_file;
+            Err(LockError::Config(
+                "MySQL TLS (require_ssl=true, ssl_ca) needs dlock's `mysql-tls` feature".into(),
+            ))
+        }
+        #[cfg(feature = "mysql-tls")]
+        {
+            use rustls::pki_types::{CertificateDer, pem::PemObject};
+            let mut pems = self.tls_roots.clone();
+            if let Some(path) = ca_file {
+                pems.push(
+                    std::fs::read(&path)
+                        .map_err(|e| LockError::Config(format!("MySQL ssl_ca {path}: {e}")))?,
+                );
+            }
+            let base = opts.ssl_opts().cloned().unwrap_or_default();
+            let mut roots = base.root_certs().to_vec();
+            for pem in pems {
+                // Checked here so that a bad file is a Config error, not a failure per connect.
+                let mut n = 0;
+                for c in CertificateDer::pem_slice_iter(&pem) {
+                    c.map_err(|e| LockError::Config(format!("MySQL TLS root certificate: {e}")))?;
+                    n += 1;
+                }
+                if n == 0 {
+                    return Err(LockError::Config(
+                        "MySQL TLS root certificate: no PEM certificate in it".into(),
+                    ));
+                }
+                roots.push(pem.into());
+            }
+            // mysql_async builds its rustls config from the process-default crypto provider;
+            // install ring's once (an application's own earlier choice wins).
+            if rustls::crypto::CryptoProvider::get_default().is_none() {
+                let _ = rustls::crypto::ring::default_provider().install_default();
+            }
+            Ok(Some(base.with_root_certs(roots)))
         }
     }
 
@@ -140,16 +253,34 @@ impl MysqlBackendBuilder {
     /// Checks the settings, connects and creates the table when missing.
     pub async fn connect(self) -> Result<MysqlBackend, LockError> {
         check_table(&self.table)?;
+        let mut tls = false;
         let (pools, url) = match self.pool.clone() {
-            Some(p) => (Pools::Caller(p), "<caller's pool>".to_string()),
+            Some(p) => {
+                if self.tls_asked(None, None) {
+                    return Err(LockError::Config(
+                        "MySQL TLS settings of the builder apply to the backend's own pool: with \
+                         a caller's pool, set TLS on the pool's Opts (OptsBuilder::ssl_opts)"
+                            .into(),
+                    ));
+                }
+                (Pools::Caller(p), "<caller's pool>".to_string())
+            }
             None => {
-                let url = self.url.clone().unwrap_or_default();
+                let (url, ca_file) = Self::split_ssl_ca(self.url.as_deref().unwrap_or_default());
                 let opts = Opts::from_url(&url).map_err(|e| {
                     LockError::Config(format!("invalid MySQL URL {}: {e}", redact_url(&url)))
                 })?;
+                let ssl = self.tls_opts(&opts, ca_file)?;
+                tls = ssl.is_some();
                 let constraints = PoolConstraints::new(0, self.pool_size)
                     .ok_or_else(|| LockError::Config("invalid MySQL pool size".into()))?;
-                let opts = OptsBuilder::from_opts(opts)
+                let mut opts = OptsBuilder::from_opts(opts);
+                if tls {
+                    // Stay on TCP: the driver would otherwise move a connection to a server on
+                    // this host onto its Unix socket, where it does not use TLS.
+                    opts = opts.prefer_socket(false).ssl_opts(ssl);
+                }
+                let opts = opts
                     .client_found_rows(true)
                     .init(vec![
                         format!(
@@ -194,6 +325,15 @@ impl MysqlBackendBuilder {
         for _ in 0..3 {
             match backend.exec("", "the schema DDL", ddl.clone()).await {
                 Ok(()) => return Ok(backend),
+                Err(e) if tls && no_server_tls(&e) => {
+                    return Err(LockError::backend(
+                        "",
+                        NoServerTls {
+                            url: backend.inner.url.clone(),
+                            source: e,
+                        },
+                    ));
+                }
                 Err(e) => last = Some(e),
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
@@ -220,6 +360,9 @@ impl MysqlBackendBuilder {
 /// * **Rows** stay after release (count 0) and are swept once free or expired for
 ///   `sweep_after` (every 256th freeing release runs one bounded `DELETE` in the background);
 ///   an expired row of a crashed holder is taken over by the next acquire before that.
+/// * **TLS** (feature `mysql-tls`, rustls): `require_ssl=true` in the URL or
+///   `MysqlBackendBuilder::require_tls`; the server's certificate is verified (built-in roots,
+///   `ssl_ca=/path` or `MysqlBackendBuilder::tls_root_cert`); no plain-text fallback.
 /// * **Waiting** polls: one poller per name and process, in front of the local wait queue, reads
 ///   the row every 100–250 ms (jittered, never past the holder's remaining lease) and wakes one
 ///   local waiter when the lock is free. A release in this process wakes a local waiter at once.
@@ -296,6 +439,44 @@ impl fmt::Debug for MysqlBackend {
             .field("table", &self.inner.table)
             .finish_non_exhaustive()
     }
+}
+
+/// TLS was required but the server does not offer it (MySQL/MariaDB without `ssl_cert`).
+#[derive(Debug)]
+struct NoServerTls {
+    url: String,
+    source: LockError,
+}
+
+impl fmt::Display for NoServerTls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "TLS is required but the MySQL server at {} does not offer it (its have_ssl is not \
+             YES); no plain-text fallback",
+            self.url
+        )
+    }
+}
+
+impl std::error::Error for NoServerTls {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// Whether `e` is the driver's "server does not have the SSL capability".
+fn no_server_tls(e: &LockError) -> bool {
+    matches!(
+        e,
+        LockError::Backend { source, .. }
+            if matches!(
+                source.downcast_ref::<mysql_async::Error>(),
+                Some(mysql_async::Error::Driver(
+                    mysql_async::DriverError::NoClientSslFlagFromServer
+                ))
+            )
+    )
 }
 
 /// Retries a call that failed with a deadlock (1213) or lock-wait timeout (1205); neither can
@@ -628,6 +809,38 @@ mod tests {
         hex(&mut s, b"a'\0");
         assert_eq!(s, "X'612700'");
         assert!(mysql_schema_sql("t; drop").is_err());
+    }
+
+    #[test]
+    fn ssl_ca_is_taken_out_of_the_url() {
+        let split = MysqlBackendBuilder::split_ssl_ca;
+        assert_eq!(
+            split("mysql://h/db?require_ssl=true&ssl_ca=/x/ca.pem&verify_ca=true"),
+            (
+                "mysql://h/db?require_ssl=true&verify_ca=true".to_string(),
+                Some("/x/ca.pem".to_string())
+            )
+        );
+        assert_eq!(
+            split("mysql://h/db?ssl_ca=/ca.pem"),
+            ("mysql://h/db".to_string(), Some("/ca.pem".to_string()))
+        );
+        assert_eq!(split("mysql://h/db"), ("mysql://h/db".to_string(), None));
+    }
+
+    #[cfg(not(feature = "mysql-tls"))]
+    #[tokio::test]
+    async fn tls_without_the_feature_is_a_config_error() {
+        for url in [
+            "mysql://root@127.0.0.1:1/test?require_ssl=true",
+            "mysql://root@127.0.0.1:1/test?ssl_ca=/nonexistent.pem",
+        ] {
+            let e = MysqlBackend::connect(url).await.unwrap_err();
+            assert!(
+                matches!(&e, LockError::Config(m) if m.contains("mysql-tls")),
+                "{e:?}"
+            );
+        }
     }
 
     #[test]
