@@ -141,14 +141,14 @@ impl Advisory {
         key: &str,
         client: &tokio_postgres::Client,
     ) -> Result<(), LockError> {
+        // The simple query protocol throughout: one message per statement and no named
+        // statement, which a transaction-mode pooler could look up in another server session
+        // ("prepared statement sN does not exist") before this check could name the pooler.
         let pid = || async {
             bounded(key, "pg_backend_pid()", self.op_timeout, async {
-                Ok::<_, DynError>(
-                    client
-                        .query_one("SELECT pg_backend_pid()", &[])
-                        .await?
-                        .get::<_, i32>(0),
-                )
+                first_value(client.simple_query("SELECT pg_backend_pid()").await?)?
+                    .parse::<i32>()
+                    .map_err(DynError::from)
             })
             .await
         };
@@ -176,10 +176,11 @@ impl Advisory {
         };
         let took = bounded(key, "the pooler probe", self.op_timeout, async {
             Ok::<_, DynError>(
-                client
-                    .query_one("SELECT pg_try_advisory_lock($1)", &[&probe])
-                    .await?
-                    .get::<_, bool>(0),
+                first_value(
+                    client
+                        .simple_query(&format!("SELECT pg_try_advisory_lock({probe})"))
+                        .await?,
+                )? == "t",
             )
         })
         .await?;
@@ -189,13 +190,14 @@ impl Advisory {
         }
         let second = self.connect(key).await?;
         let shared = bounded(key, "the pooler probe", self.op_timeout, async {
-            let r: bool = second
-                .query_one("SELECT pg_try_advisory_lock($1)", &[&probe])
-                .await?
-                .get(0);
+            let r = first_value(
+                second
+                    .simple_query(&format!("SELECT pg_try_advisory_lock({probe})"))
+                    .await?,
+            )? == "t";
             if r {
                 second
-                    .execute("SELECT pg_advisory_unlock($1)", &[&probe])
+                    .simple_query(&format!("SELECT pg_advisory_unlock({probe})"))
                     .await?;
             }
             Ok::<_, DynError>(r)
@@ -206,7 +208,7 @@ impl Advisory {
             let _ = bounded(key, "the pooler probe", self.op_timeout, async {
                 Ok::<_, DynError>(
                     client
-                        .execute("SELECT pg_advisory_unlock($1)", &[&probe])
+                        .simple_query(&format!("SELECT pg_advisory_unlock({probe})"))
                         .await?,
                 )
             })
@@ -479,4 +481,14 @@ mod tests {
         assert_ne!(advisory_key("t1", "x"), advisory_key("t2", "x"));
         assert_ne!(advisory_key("ab", "c"), advisory_key("a", "bc"));
     }
+}
+
+/// The first column of the first row of a simple-protocol reply.
+fn first_value(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<String, DynError> {
+    msgs.into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .ok_or_else(|| DynError::from("no row in the reply"))
 }
