@@ -187,3 +187,143 @@ async fn disconnected_holder_is_lost_by_its_session_deadline_then_a_new_session_
     assert_ne!(b.session_id(), old_session, "a new session was opened");
     g2.release().await.unwrap();
 }
+
+const DIGEST_USER: &str = "locker";
+const DIGEST_PASSWORD: &str = "s3cret-Pw";
+
+/// True for `LockError::Backend` whose source is ZooKeeper's `NoAuth`.
+fn is_no_auth(e: &dlock::LockError) -> bool {
+    matches!(e, dlock::LockError::Backend { source, .. }
+        if source.downcast_ref::<zookeeper_client::Error>() == Some(&zookeeper_client::Error::NoAuth))
+}
+
+/// Digest auth (issue 10, builders): the operator creates the lock root with an ACL for one
+/// digest user only. A backend authenticated as that user (builder or `zk://user:pw@` URL) takes
+/// and releases locks, and its nodes carry the digest ACL rather than `world:anyone`. A backend
+/// with a wrong password, or with none, gets a typed `LockError::Backend` (source `NoAuth`) at
+/// once with `wait = 0`, a bounded `TimedOut` with a wait, and leaves no node behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let operator = zk::Client::connector()
+        .session_timeout(Duration::from_secs(5))
+        .auth(
+            "digest".to_string(),
+            format!("{DIGEST_USER}:{DIGEST_PASSWORD}").into_bytes(),
+        )
+        .connect(&server.hosts())
+        .await
+        .expect("operator client");
+    operator
+        .create(
+            "/dlock",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .expect("create /dlock with the digest user's ACL");
+    let (root_acl, _) = operator.get_acl("/dlock").await.unwrap();
+    assert!(
+        root_acl.iter().all(|a| a.scheme() == "digest"),
+        "{root_acl:?}"
+    );
+
+    let good = dlock::ZookeeperBackend::builder(&server.hosts())
+        .session_timeout(SESSION)
+        .digest_auth(DIGEST_USER, DIGEST_PASSWORD)
+        .build()
+        .await
+        .expect("connect with the right digest");
+    let g = Lock::new("acl")
+        .with_backend(Arc::new(good.clone()))
+        .acquire()
+        .await
+        .expect("the digest user takes the lock");
+    let dir = good.lock_dir("acl");
+    let kids = operator.list_children(&dir).await.unwrap();
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    for path in [dir.clone(), format!("{dir}/{}", kids[0])] {
+        let (acl, _) = operator.get_acl(&path).await.unwrap();
+        assert!(
+            !acl.is_empty() && acl.iter().all(|a| a.scheme() == "digest"),
+            "{path} has ACL {acl:?}, not the digest user's"
+        );
+    }
+
+    // The URL form authenticates the same way.
+    let by_url = dlock::ZookeeperBackend::connect(&format!(
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD}@{}",
+        server.hosts()
+    ))
+    .await
+    .expect("connect by URL with credentials");
+    let e = Lock::new("acl")
+        .with_backend(Arc::new(by_url.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "the URL backend sees the lock held: {e:?}");
+
+    let wrong = dlock::ZookeeperBackend::builder(&server.hosts())
+        .session_timeout(SESSION)
+        .digest_auth(DIGEST_USER, "not-the-password")
+        .build()
+        .await
+        .expect("ZooKeeper accepts any digest at connect; the ACLs refuse it");
+    let none = zk_backend(&server).await;
+    for (who, b) in [("wrong password", wrong), ("no credentials", none)] {
+        let b: Arc<dyn dlock::Backend> = Arc::new(b);
+        // Under an existing lock parent (held by the good user) and under a new name (the
+        // parent must be created in the root).
+        for name in ["acl", "acl-new"] {
+            let t = Instant::now();
+            let e = tokio::time::timeout(
+                Duration::from_secs(10),
+                Lock::new(name).with_backend(b.clone()).acquire(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{who}: acquire of {name} hung"))
+            .unwrap_err();
+            assert!(is_no_auth(&e), "{who}, {name}: expected NoAuth, got {e:?}");
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{who}, {name}: refused only after {:?}",
+                t.elapsed()
+            );
+            let wait = Duration::from_millis(800);
+            let t = Instant::now();
+            let e = tokio::time::timeout(
+                Duration::from_secs(10),
+                Lock::new(name).with_backend(b.clone()).wait(wait).acquire(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{who}: waiting acquire of {name} hung"))
+            .unwrap_err();
+            assert!(
+                matches!(e, dlock::LockError::TimedOut { .. }) || is_no_auth(&e),
+                "{who}, {name} with a wait: {e:?}"
+            );
+            assert!(
+                t.elapsed() < wait + Duration::from_millis(1500),
+                "{who}, {name}: gave up after {:?} (wait {wait:?})",
+                t.elapsed()
+            );
+        }
+    }
+    // Nothing queued by the refused backends; the new name's parent was never made.
+    assert_eq!(operator.list_children(&dir).await.unwrap().len(), 1);
+    assert_eq!(
+        operator.check_stat(&good.lock_dir("acl-new")).await.unwrap(),
+        None
+    );
+    g.release().await.unwrap();
+    // The URL backend (same identity) gets the lock after the release.
+    let g2 = Lock::new("acl")
+        .with_backend(Arc::new(by_url))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("same identity by URL takes it after the release");
+    g2.release().await.unwrap();
+}

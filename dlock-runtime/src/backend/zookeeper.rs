@@ -30,12 +30,27 @@ use crate::LockError;
 use crate::wait::WaitQueues;
 
 /// Builder of a [`ZookeeperBackend`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ZookeeperBackendBuilder {
     hosts: String,
     root: String,
     session_timeout: Duration,
     request_timeout: Duration,
+    /// `(user, password)` for ZooKeeper's `digest` scheme.
+    digest: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for ZookeeperBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("ZookeeperBackendBuilder")
+            .field("hosts", &self.hosts)
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .finish()
+    }
 }
 
 impl ZookeeperBackendBuilder {
@@ -58,6 +73,32 @@ impl ZookeeperBackendBuilder {
         self
     }
 
+    /// Authenticates every session with ZooKeeper's `digest` scheme (`user:password`, sent at
+    /// session start and again on every reconnect). The nodes this backend creates (lock
+    /// parents and contender nodes) then carry the `auth` ACL (`creator_all`: all permissions for
+    /// this digest identity only) instead of `world:anyone`, so other identities can neither
+    /// queue under the same names nor delete the nodes.
+    ///
+    /// The root itself is not created with a restrictive ACL by dlock; to keep other identities
+    /// out of it, create it beforehand with an ACL for this user (for example
+    /// `setAcl /dlock digest:user:<base64 sha1(user:password)>:cdrwa`). A backend whose
+    /// identity lacks a permission it needs gets [`LockError::Backend`] with the server's
+    /// `NoAuth` as source (no retry, no orphan node). A digest with a wrong password is not
+    /// refused at connect by ZooKeeper: it is simply another identity, refused by the ACLs.
+    pub fn digest_auth(mut self, user: &str, password: &str) -> Self {
+        self.digest = Some((user.to_string(), password.to_string()));
+        self
+    }
+
+    /// The ACL of the nodes this backend creates (see [`Self::digest_auth`]).
+    fn node_acls(&self) -> zk::Acls<'static> {
+        if self.digest.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
     /// Connects (bounded by the request timeout).
     pub async fn build(self) -> Result<ZookeeperBackend, LockError> {
         if !self.root.starts_with('/') || self.root.len() < 2 {
@@ -66,8 +107,7 @@ impl ZookeeperBackendBuilder {
                 self.root
             )));
         }
-        let session =
-            Session::open(&self.hosts, self.session_timeout, self.request_timeout).await?;
+        let session = Session::open(&self).await?;
         Ok(ZookeeperBackend {
             inner: Arc::new(Inner {
                 cfg: self,
@@ -80,9 +120,15 @@ impl ZookeeperBackendBuilder {
     }
 }
 
-async fn connect(hosts: &str, session: Duration, bound: Duration) -> Result<zk::Client, LockError> {
+async fn connect(cfg: &ZookeeperBackendBuilder) -> Result<zk::Client, LockError> {
+    let (hosts, bound) = (&cfg.hosts, cfg.request_timeout);
     let mut connector = zk::Client::connector();
-    connector.session_timeout(session).connection_timeout(bound);
+    connector
+        .session_timeout(cfg.session_timeout)
+        .connection_timeout(bound);
+    if let Some((user, password)) = &cfg.digest {
+        connector.auth("digest".to_string(), format!("{user}:{password}").into_bytes());
+    }
     let fut = connector.connect(hosts);
     match tokio::time::timeout(bound, fut).await {
         Ok(Ok(c)) => Ok(c),
@@ -104,8 +150,8 @@ struct Session {
 impl Session {
     /// Connects and starts the session-state watcher: a terminal state cancels `gone`, which
     /// every guard of this session listens to (`lost()` at once, not at the guard's deadline).
-    async fn open(hosts: &str, session: Duration, bound: Duration) -> Result<Session, LockError> {
-        let client = connect(hosts, session, bound).await?;
+    async fn open(cfg: &ZookeeperBackendBuilder) -> Result<Session, LockError> {
+        let client = connect(cfg).await?;
         let gone = CancellationToken::new();
         let mut states = client.state_watcher();
         let id = client.session_id().0;
@@ -190,6 +236,22 @@ pub struct ZookeeperBackend {
     inner: Arc<Inner>,
 }
 
+/// Splits `user:password@rest` (the `@` before the first `/`); no user part leaves `rest`
+/// whole. Errors never contain the password.
+pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<(&str, &str)>, &str), LockError> {
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return Ok((None, rest));
+    };
+    let (info, hosts) = (&rest[..at], &rest[at + 1..]);
+    match info.split_once(':') {
+        Some((user, password)) if !user.is_empty() => Ok((Some((user, password)), hosts)),
+        _ => Err(LockError::Config(
+            "the user part of the URL must be `user:password@`".to_string(),
+        )),
+    }
+}
+
 fn seq_of(child: &str) -> Option<i64> {
     let i = child.rfind("-lock-")?;
     child[i + 6..].parse().ok()
@@ -215,15 +277,22 @@ impl ZookeeperBackend {
             root: "/dlock".to_string(),
             session_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            digest: None,
         }
     }
 
-    /// Connects to `zk://host:port[,host:port...][/chroot]` with the default settings.
+    /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` with the default
+    /// settings; `user:password` is [`ZookeeperBackendBuilder::digest_auth`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let hosts = url.strip_prefix("zk://").ok_or_else(|| {
-            LockError::Config(format!("a ZooKeeper URL starts with zk://, got {url:?}"))
+        let rest = url.strip_prefix("zk://").ok_or_else(|| {
+            LockError::Config("a ZooKeeper URL starts with zk://".to_string())
         })?;
-        Self::builder(hosts).build().await
+        let (userinfo, hosts) = split_userinfo(rest)?;
+        let mut b = Self::builder(hosts);
+        if let Some((user, password)) = userinfo {
+            b = b.digest_auth(user, password);
+        }
+        b.build().await
     }
 
     /// The directory of `name`'s contender nodes.
@@ -289,12 +358,7 @@ impl Inner {
         if !old.ended() {
             return Ok(old.client);
         }
-        let fresh = Session::open(
-            &self.cfg.hosts,
-            self.cfg.session_timeout,
-            self.cfg.request_timeout,
-        )
-        .await?;
+        let fresh = Session::open(&self.cfg).await?;
         let mut cur = self.session();
         if cur.id != old.id && !cur.ended() {
             // Another caller replaced it meanwhile: keep theirs, close ours.
@@ -351,13 +415,13 @@ impl Inner {
                 watching: false,
             },
         );
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
         for _ in 0..3 {
             match tokio::time::timeout(self.cfg.request_timeout, c.create(&path, b"", &opts)).await
             {
                 Ok(Ok((stat, seq))) => return Ok((format!("{path}{seq}"), stat.czxid as u64)),
                 Ok(Err(zk::Error::NoNode)) => {
-                    let parent = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    let parent = zk::CreateMode::Container.with_acls(self.cfg.node_acls());
                     match self.bounded(name, c.mkdir(dir, &parent)).await {
                         Ok(()) => {}
                         Err(LockError::Backend { source, .. })
@@ -367,6 +431,10 @@ impl Inner {
                             ) => {}
                         Err(e) => return Err(e),
                     }
+                }
+                Ok(Err(e @ (zk::Error::NoAuth | zk::Error::InvalidAcl | zk::Error::AuthFailed))) => {
+                    // Refused: nothing was created, nothing to clean up.
+                    return Err(be(name, e));
                 }
                 Ok(Err(e)) => {
                     // Any other error (connection loss, the client's own timeout, ...) may
