@@ -358,3 +358,277 @@ async fn sigstopped_holder_past_its_lease_is_superseded_and_hears_lost() {
     );
     g.release().await.unwrap();
 }
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// One increment of a shared counter under the lock `rt`, by a non-atomic read-modify-write
+/// with an await in between: an overlap of two holders loses an update.
+async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = Lock::new("rt")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquire `rt` within 5 s");
+    let v = counter.load(Relaxed);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    counter.store(v + 1, Relaxed);
+    g.release().await.expect("release `rt`");
+}
+
+/// One `EtcdBackend`, shared as an `Arc<dyn Backend>` the way the registry hands it out, used
+/// from two tokio runtimes on two threads: runtime A builds it and takes the first lease (ttl
+/// 2 s), both runtimes increment a counter under one lock, then A shuts down while B keeps
+/// locking and keeps holding a lock of the same ttl. The count is exact (no overlap), every
+/// call of B after A's shutdown is answered (bounded waits, no hang), and B's hold survives
+/// three ttls after A is gone (the lease is not kept alive by a task of A).
+#[test]
+fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const ROUNDS: u64 = 25;
+    let cluster = EtcdCluster::single();
+    let rt_a = runtime(2);
+    let backend: Arc<dyn dlock::Backend> =
+        rt_a.block_on(async { Arc::new(etcd_backend(&cluster).await) });
+    // A holds a 2-s lock first, so the 2-s lease is granted (and kept alive) from runtime A.
+    let keep_a = rt_a
+        .block_on(
+            Lock::new("keep-a")
+                .with_backend(backend.clone())
+                .ttl(Duration::from_secs(2))
+                .acquire(),
+        )
+        .expect("A takes keep-a");
+    let counter = Arc::new(AtomicU64::new(0));
+    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
+    let thread_b = {
+        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
+        std::thread::spawn(move || {
+            let rt_b = runtime(1);
+            let r = rt_b.block_on(async move {
+                for _ in 0..ROUNDS {
+                    locked_increment(&b, &counter).await;
+                }
+                let held = Lock::new("held-b")
+                    .with_backend(b.clone())
+                    .ttl(Duration::from_secs(2))
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("B takes held-b: {e}"))?;
+                let _ = phase1_tx.send(());
+                // Keep locking while A shuts down, and for three ttls after.
+                let started = Instant::now();
+                let mut n = 0u64;
+                loop {
+                    let down = *a_down.lock().unwrap();
+                    if down.is_some_and(|t| t.elapsed() >= Duration::from_secs(6)) {
+                        break;
+                    }
+                    if started.elapsed() > Duration::from_secs(60) {
+                        return Err("runtime A never shut down".to_string());
+                    }
+                    tokio::time::timeout(
+                        Duration::from_secs(10),
+                        locked_increment(&b, &counter),
+                    )
+                    .await
+                    .map_err(|_| "a locked increment on B hung".to_string())?;
+                    n += 1;
+                }
+                if !held.is_valid() || held.lost_reason().is_some() {
+                    return Err(format!(
+                        "B's hold was lost after A shut down: {:?}",
+                        held.lost_reason()
+                    ));
+                }
+                held.release()
+                    .await
+                    .map_err(|e| format!("release held-b: {e}"))?;
+                Ok(n)
+            });
+            let _ = done_tx.send(r);
+        })
+    };
+    rt_a.block_on(async {
+        for _ in 0..ROUNDS {
+            locked_increment(&backend, &counter).await;
+        }
+    });
+    phase1_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("B finished its first rounds");
+    rt_a.block_on(keep_a.release()).expect("A releases keep-a");
+    // Shut A down while B keeps locking.
+    drop(rt_a);
+    *a_down.lock().unwrap() = Some(Instant::now());
+    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("thread B did not finish within 90 s (hang)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // B panicked: report its panic.
+            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
+        }
+    };
+    thread_b.join().expect("thread B");
+    assert!(n_b >= 5, "B locked only {n_b} times in 6 s after A shut down");
+    assert_eq!(
+        counter.load(Relaxed),
+        2 * ROUNDS + n_b,
+        "lost updates: two holders overlapped"
+    );
+}
+
+const ROOT_PASSWORD: &str = "r00t-Pw";
+const LOCKER_PASSWORD: &str = "l0cker-Pw";
+
+/// Turns on etcd's authentication through the gRPC Auth API: `root` (with the root role), a
+/// least-privilege user `locker` whose role may read and write the `/dlock/` prefix only, and a
+/// user `outsider` whose role covers `/other/` only.
+async fn enable_auth(cluster: &EtcdCluster) {
+    use dlock::etcd_client::Permission;
+    let mut c = admin(cluster).await;
+    c.user_add("root", ROOT_PASSWORD, None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    for (user, role, prefix) in [
+        ("locker", "dlock-rw", "/dlock/"),
+        ("outsider", "other-rw", "/other/"),
+    ] {
+        c.role_add(role).await.unwrap();
+        c.role_grant_permission(role, Permission::read_write(prefix).with_prefix())
+            .await
+            .unwrap();
+        c.user_add(user, LOCKER_PASSWORD, None).await.unwrap();
+        c.user_grant_role(user, role).await.unwrap();
+    }
+    c.auth_enable().await.unwrap();
+}
+
+async fn build_as(
+    cluster: &EtcdCluster,
+    user: Option<(&str, &str)>,
+) -> Result<dlock::EtcdBackend, LockError> {
+    let mut b = dlock::EtcdBackend::builder(&cluster.endpoints())
+        .request_timeout(common::etcd::REQUEST_TIMEOUT)
+        .connect_timeout(common::etcd::REQUEST_TIMEOUT);
+    if let Some((u, p)) = user {
+        b = b.user(u, p);
+    }
+    b.build().await
+}
+
+/// User and password auth (issue 10, builders): with authentication enabled on a private etcd,
+/// a least-privilege user (read/write on `/dlock/` only) takes, contends for and releases locks,
+/// by the builder and by an `etcd://user:password@` URL. A wrong password, no credentials, and a
+/// user without permission on the prefix each get a typed `LockError::Backend` (an etcd gRPC
+/// status) quickly, with no password in the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_auth_works_and_wrong_or_missing_credentials_are_typed_errors() {
+    let cluster = start(1).await;
+    enable_auth(&cluster).await;
+    let good = build_as(&cluster, Some(("locker", LOCKER_PASSWORD)))
+        .await
+        .expect("the locker user connects");
+    let by_url = dlock::EtcdBackend::connect(&format!(
+        "etcd://locker:{LOCKER_PASSWORD}@{}",
+        cluster.endpoints().join(",")
+    ))
+    .await
+    .expect("connect by URL with credentials");
+    let g = Lock::new("auth")
+        .with_backend(Arc::new(good.clone()))
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the locker user takes the lock");
+    let e = Lock::new("auth")
+        .with_backend(Arc::new(by_url.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "the URL backend sees it held: {e:?}");
+    let waiter = {
+        let b = by_url.clone();
+        tokio::spawn(async move {
+            Lock::new("auth")
+                .with_backend(Arc::new(b))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    // Held past its 2-s lease: the keep-alives and the watchdog work under auth.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(g.is_valid() && g.lost_reason().is_none(), "{:?}", g.lost_reason());
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let g2 = waiter
+        .await
+        .unwrap()
+        .expect("the waiter (watching under auth) gets it");
+    assert!(g2.fencing_token() > token);
+    g2.release().await.unwrap();
+
+    for (who, user) in [
+        ("wrong password", Some(("locker", "not-the-password"))),
+        ("no credentials", None),
+        ("user without the prefix", Some(("outsider", LOCKER_PASSWORD))),
+    ] {
+        let t = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), async {
+            let b = build_as(&cluster, user).await?;
+            // Connected (not expected): then the first lock must fail.
+            Lock::new("auth")
+                .with_backend(Arc::new(b))
+                .acquire()
+                .await
+                .map(drop)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{who}: hung"));
+        let e = r.expect_err(who);
+        eprintln!("{who}: {e}");
+        let LockError::Backend { source, .. } = &e else {
+            panic!("{who}: expected LockError::Backend, got {e:?}");
+        };
+        let status = match source.downcast_ref::<dlock::etcd_client::Error>() {
+            Some(dlock::etcd_client::Error::GRpcStatus(s)) => s.clone(),
+            other => panic!("{who}: expected an etcd gRPC status, got {other:?} ({e})"),
+        };
+        assert!(
+            matches!(
+                i32::from(status.code()),
+                tonic_code::INVALID_ARGUMENT | tonic_code::PERMISSION_DENIED
+            ) || status.message().contains("auth")
+                || status.message().contains("permission")
+                || status.message().contains("user"),
+            "{who}: {status:?}"
+        );
+        assert!(
+            !e.to_string().contains("not-the-password") && !e.to_string().contains(LOCKER_PASSWORD),
+            "{who}: the password leaks: {e}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{who}: refused only after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+/// gRPC status codes used above (tonic is not a direct dependency of the tests).
+mod tonic_code {
+    pub(crate) const INVALID_ARGUMENT: i32 = 3;
+    pub(crate) const PERMISSION_DENIED: i32 = 7;
+}

@@ -115,7 +115,10 @@ impl EtcdBackendBuilder {
             .with_keep_alive(Duration::from_secs(2), self.request_timeout)
             .with_require_leader(true);
         if let Some((u, p)) = &self.user {
-            opts = opts.with_user(u.clone(), p.clone());
+            // Tokens expire (etcd's `--auth-token-ttl`, 5 min by default): get a new one then.
+            opts = opts
+                .with_user(u.clone(), p.clone())
+                .with_auto_token_refresh(true);
         }
         #[cfg(feature = "tls")]
         if let Some(t) = &self.tls {
@@ -123,16 +126,26 @@ impl EtcdBackendBuilder {
         }
         let bound = self.connect_timeout.max(self.request_timeout);
         let eps = self.endpoints.clone();
-        let mut client =
-            match tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(be("", e)),
-                Err(_) => return Err(be("", "connecting to etcd timed out")),
-            };
+        // The client's channel (its tonic workers and connections) lives on the backend's own
+        // driver thread, not on the caller's runtime: see [`Driver`].
+        let driver = Driver::start()?;
+        let connect = driver.handle.spawn(async move {
+            tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await
+        });
+        let mut client = match connect.await {
+            Ok(Ok(Ok(c))) => c,
+            Ok(Ok(Err(e))) => return Err(be("", e)),
+            Ok(Err(_)) => return Err(be("", "connecting to etcd timed out")),
+            Err(e) => return Err(be("", e)),
+        };
         // One read, so a wrong address or credentials fail here rather than at the first lock.
+        // A key inside the prefix: a user whose role grants only the prefix may read it.
         match tokio::time::timeout(
             bound,
-            client.get("/", Some(GetOptions::new().with_count_only())),
+            client.get(
+                format!("{}/", self.prefix),
+                Some(GetOptions::new().with_count_only()),
+            ),
         )
         .await
         {
@@ -145,6 +158,7 @@ impl EtcdBackendBuilder {
                 this: this.clone(),
                 cfg: self,
                 client,
+                driver,
                 holds: Mutex::new(HashMap::new()),
                 leases: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
@@ -203,6 +217,8 @@ struct PredWatch {
 struct Inner {
     cfg: EtcdBackendBuilder,
     client: etcd::Client,
+    /// The thread whose runtime runs the client's channel and this backend's own tasks.
+    driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
     waiters: Arc<WaitQueues>,
@@ -219,6 +235,52 @@ impl std::fmt::Debug for Inner {
             .field("leases", &self.leases().len())
             .field("holds", &self.holds().len())
             .finish_non_exhaustive()
+    }
+}
+
+/// The backend's own single-threaded tokio runtime on a thread of its own (`dlock-etcd`).
+///
+/// A tonic channel runs its workers and connections as tasks of the runtime that created it and
+/// dies with that runtime; a lease keep-alive or a predecessor watch spawned on a caller's
+/// runtime would die with it too. A backend is shared (the registry hands out one
+/// `Arc<dyn Backend>` to every runtime of the process, `#[tokio::test]`s make one runtime per
+/// test), so the channel and every task the backend spawns (keep-alives, watches, delayed
+/// deletes) live here instead, and a caller's runtime shutting down takes none of them along.
+/// Requests themselves are still awaited by the caller. The thread ends when the backend is
+/// dropped.
+struct Driver {
+    handle: tokio::runtime::Handle,
+    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+impl Driver {
+    fn start() -> Result<Driver, LockError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| be("", e))?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name("dlock-etcd".into())
+            .spawn(move || {
+                // Runs the spawned tasks until the backend is dropped; the runtime is dropped
+                // on this thread, outside any async context.
+                let _ = rt.block_on(stopped);
+            })
+            .map_err(|e| be("", e))?;
+        Ok(Driver {
+            handle,
+            stop: Mutex::new(Some(stop)),
+        })
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = stop.send(());
+        }
     }
 }
 
@@ -259,17 +321,30 @@ impl EtcdBackend {
         }
     }
 
-    /// Connects to `etcd://host:port[,host:port...]` with the default settings.
+    /// Connects to `etcd://[user:password@]host:port[,host:port...]` with the default
+    /// settings; `user:password` is [`EtcdBackendBuilder::user`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-            LockError::Config(format!("an etcd URL starts with etcd://, got {url:?}"))
-        })?;
-        let eps: Vec<&str> = rest
-            .trim_end_matches('/')
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .collect();
-        Self::builder(&eps).build().await
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| LockError::Config("an etcd URL starts with etcd://".to_string()))?;
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hosts) = match rest.rfind('@') {
+            Some(at) => match rest[..at].split_once(':') {
+                Some((u, p)) if !u.is_empty() => (Some((u, p)), &rest[at + 1..]),
+                _ => {
+                    return Err(LockError::Config(
+                        "the user part of an etcd URL must be `user:password@`".to_string(),
+                    ));
+                }
+            },
+            None => (None, rest),
+        };
+        let eps: Vec<&str> = hosts.split(',').filter(|s| !s.is_empty()).collect();
+        let mut b = Self::builder(&eps);
+        if let Some((u, p)) = userinfo {
+            b = b.user(u, p);
+        }
+        b.build().await
     }
 
     /// The key prefix of `name`'s contender keys (ends with `/`).
@@ -376,7 +451,9 @@ impl Inner {
         });
         self.leases().insert(lease.id, lease.clone());
         let me = Arc::downgrade(self);
-        tokio::spawn(keep_alive(me, lease.clone(), Instant::now()));
+        self.driver
+            .handle
+            .spawn(keep_alive(me, lease.clone(), Instant::now()));
         Ok(lease)
     }
 
@@ -607,7 +684,10 @@ impl Inner {
             let me = Arc::downgrade(self);
             let wname = name.to_string();
             let fired = Arc::new(AtomicBool::new(false));
-            let task = tokio::spawn(watch_predecessor(me, stream, wname, fired.clone()));
+            let task = self
+                .driver
+                .handle
+                .spawn(watch_predecessor(me, stream, wname, fired.clone()));
             let mut holds = self.holds();
             match holds.get_mut(&hk) {
                 Some(h) => {
@@ -697,7 +777,7 @@ impl Inner {
         }
         let linger = self.cfg.request_timeout;
         let c = self.client.clone();
-        tokio::spawn(async move {
+        self.driver.handle.spawn(async move {
             tokio::time::sleep(linger).await;
             let mut c = c;
             let _ = tokio::time::timeout(linger, c.delete(marker, None)).await;
@@ -755,7 +835,7 @@ impl Inner {
         }
         match keep_for {
             Some(k) if !k.is_zero() => {
-                tokio::spawn(async move {
+                self.driver.handle.spawn(async move {
                     tokio::time::sleep(k).await;
                     if let Err(e) = delete.await {
                         tracing::warn!(error = %e, "dlock: deleting an etcd lock key after keep_for failed; its lease ends it");
