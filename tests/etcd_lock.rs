@@ -437,12 +437,9 @@ fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
                     if started.elapsed() > Duration::from_secs(60) {
                         return Err("runtime A never shut down".to_string());
                     }
-                    tokio::time::timeout(
-                        Duration::from_secs(10),
-                        locked_increment(&b, &counter),
-                    )
-                    .await
-                    .map_err(|_| "a locked increment on B hung".to_string())?;
+                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
+                        .await
+                        .map_err(|_| "a locked increment on B hung".to_string())?;
                     n += 1;
                 }
                 if !held.is_valid() || held.lost_reason().is_some() {
@@ -482,7 +479,10 @@ fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
         }
     };
     thread_b.join().expect("thread B");
-    assert!(n_b >= 5, "B locked only {n_b} times in 6 s after A shut down");
+    assert!(
+        n_b >= 5,
+        "B locked only {n_b} times in 6 s after A shut down"
+    );
     assert_eq!(
         counter.load(Relaxed),
         2 * ROUNDS + n_b,
@@ -570,7 +570,11 @@ async fn user_password_auth_works_and_wrong_or_missing_credentials_are_typed_err
     };
     // Held past its 2-s lease: the keep-alives and the watchdog work under auth.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(g.is_valid() && g.lost_reason().is_none(), "{:?}", g.lost_reason());
+    assert!(
+        g.is_valid() && g.lost_reason().is_none(),
+        "{:?}",
+        g.lost_reason()
+    );
     let token = g.fencing_token();
     g.release().await.unwrap();
     let g2 = waiter
@@ -713,7 +717,11 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
         })
     };
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(g.is_valid() && g.lost_reason().is_none(), "{:?}", g.lost_reason());
+    assert!(
+        g.is_valid() && g.lost_reason().is_none(),
+        "{:?}",
+        g.lost_reason()
+    );
     let token = g.fencing_token();
     let released = Instant::now();
     g.release().await.unwrap();
@@ -729,7 +737,11 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
     let other_ca = new_ca("some other CA");
     for (who, ep, pem) in [
         ("wrong CA", https.clone(), Some(other_ca.pem().into_bytes())),
-        ("plaintext on the TLS port", format!("127.0.0.1:{tls_port}"), None),
+        (
+            "plaintext on the TLS port",
+            format!("127.0.0.1:{tls_port}"),
+            None,
+        ),
     ] {
         let t = Instant::now();
         let e = build(ep, pem).await.expect_err(who);

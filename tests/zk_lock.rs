@@ -263,7 +263,10 @@ async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
         .acquire()
         .await
         .unwrap_err();
-    assert!(e.is_contended(), "the URL backend sees the lock held: {e:?}");
+    assert!(
+        e.is_contended(),
+        "the URL backend sees the lock held: {e:?}"
+    );
 
     let wrong = dlock::ZookeeperBackend::builder(&server.hosts())
         .session_timeout(SESSION)
@@ -314,7 +317,10 @@ async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
     // Nothing queued by the refused backends; the new name's parent was never made.
     assert_eq!(operator.list_children(&dir).await.unwrap().len(), 1);
     assert_eq!(
-        operator.check_stat(&good.lock_dir("acl-new")).await.unwrap(),
+        operator
+            .check_stat(&good.lock_dir("acl-new"))
+            .await
+            .unwrap(),
         None
     );
     g.release().await.unwrap();

@@ -674,20 +674,58 @@ impl Inner {
             })
             .unwrap_or(false);
         if !armed {
-            let opts = etcd::WatchOptions::new().with_start_revision(header_rev + 1);
-            let stream = self
-                .call(name, bound, |mut c| {
-                    let (k, o) = (pred.clone(), opts.clone());
-                    async move { c.watch(k, Some(o)).await }
-                })
-                .await?;
+            // A watch from a past revision (the store moved on since the read above, as it
+            // does under contention) is an "unsynced" watcher on the server, served by a
+            // background loop that runs every 100 ms: a hand-off could wait that long. A watch
+            // from now is served at once. So: watch from now, wait for the server's `created`
+            // answer (its revision), and when the store moved since the read, read the
+            // predecessor once: gone means it left in between (any later delete is an event).
+            let watched = async {
+                let mut stream = self
+                    .call(name, bound, |mut c| {
+                        let k = pred.clone();
+                        async move { c.watch(k, None).await }
+                    })
+                    .await?;
+                let created = match tokio::time::timeout(bound, stream.message()).await {
+                    Ok(Ok(Some(r))) if r.created() && !r.canceled() => {
+                        r.header().map_or(i64::MAX, |h| h.revision())
+                    }
+                    Ok(Err(e)) => return Err(be(name, e)),
+                    _ => return Err(be(name, "etcd watch on the predecessor was not created")),
+                };
+                let mut gone = false;
+                if created > header_rev {
+                    let k = pred.clone();
+                    let r = self
+                        .call(name, bound, |mut c| {
+                            let k = k.clone();
+                            async move { c.get(k, Some(GetOptions::new().with_count_only())).await }
+                        })
+                        .await?;
+                    gone = r.count() == 0;
+                }
+                Ok((stream, gone))
+            };
+            let (stream, gone) = match watched.await {
+                Ok(v) => v,
+                Err(e) => {
+                    // Not left queued under an owner id the caller is about to drop.
+                    self.abandon(&hk, bound).await;
+                    return Err(e);
+                }
+            };
             let me = Arc::downgrade(self);
             let wname = name.to_string();
-            let fired = Arc::new(AtomicBool::new(false));
-            let task = self
-                .driver
-                .handle
-                .spawn(watch_predecessor(me, stream, wname, fired.clone()));
+            let fired = Arc::new(AtomicBool::new(gone));
+            if gone {
+                // The caller retries at once.
+                while self.waiters.wake_one(name) {}
+            }
+            let task =
+                self.driver
+                    .handle
+                    .spawn(watch_predecessor(me, stream, wname, fired.clone()));
             let mut holds = self.holds();
             match holds.get_mut(&hk) {
                 Some(h) => {

@@ -127,7 +127,10 @@ async fn connect(cfg: &ZookeeperBackendBuilder) -> Result<zk::Client, LockError>
         .session_timeout(cfg.session_timeout)
         .connection_timeout(bound);
     if let Some((user, password)) = &cfg.digest {
-        connector.auth("digest".to_string(), format!("{user}:{password}").into_bytes());
+        connector.auth(
+            "digest".to_string(),
+            format!("{user}:{password}").into_bytes(),
+        );
     }
     let fut = connector.connect(hosts);
     match tokio::time::timeout(bound, fut).await {
@@ -236,9 +239,12 @@ pub struct ZookeeperBackend {
     inner: Arc<Inner>,
 }
 
+/// `(user, password)` from a URL.
+type UserPass<'a> = (&'a str, &'a str);
+
 /// Splits `user:password@rest` (the `@` before the first `/`); no user part leaves `rest`
 /// whole. Errors never contain the password.
-pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<(&str, &str)>, &str), LockError> {
+fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
         return Ok((None, rest));
@@ -284,9 +290,9 @@ impl ZookeeperBackend {
     /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` with the default
     /// settings; `user:password` is [`ZookeeperBackendBuilder::digest_auth`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let rest = url.strip_prefix("zk://").ok_or_else(|| {
-            LockError::Config("a ZooKeeper URL starts with zk://".to_string())
-        })?;
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
         let (userinfo, hosts) = split_userinfo(rest)?;
         let mut b = Self::builder(hosts);
         if let Some((user, password)) = userinfo {
@@ -432,7 +438,9 @@ impl Inner {
                         Err(e) => return Err(e),
                     }
                 }
-                Ok(Err(e @ (zk::Error::NoAuth | zk::Error::InvalidAcl | zk::Error::AuthFailed))) => {
+                Ok(Err(
+                    e @ (zk::Error::NoAuth | zk::Error::InvalidAcl | zk::Error::AuthFailed),
+                )) => {
                     // Refused: nothing was created, nothing to clean up.
                     return Err(be(name, e));
                 }
