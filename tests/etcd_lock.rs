@@ -647,21 +647,8 @@ mod tonic_code {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_error() {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-    fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-    }
+    use rcgen::{CertificateParams, DnType, KeyPair};
+    use tls_certs::new_ca;
     let dir = common::TempDir::new("etcd-tls");
     let ca = new_ca("dlock etcd test CA");
     let mut leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
@@ -673,6 +660,7 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
         port: common::free_port_pub(),
         cert: dir.path().join("server.crt"),
         key: dir.path().join("server.key"),
+        client_ca: None,
     };
     std::fs::write(&tls.cert, leaf_cert.pem()).unwrap();
     std::fs::write(&tls.key, leaf_key.serialize_pem()).unwrap();
@@ -745,6 +733,115 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
     ] {
         let t = Instant::now();
         let e = build(ep, pem).await.expect_err(who);
+        eprintln!("{who}: {e}");
+        assert!(
+            matches!(e, LockError::Backend { .. }),
+            "{who}: expected LockError::Backend, got {e:?}"
+        );
+        assert!(
+            t.elapsed() < common::etcd::REQUEST_TIMEOUT + Duration::from_secs(2),
+            "{who}: refused only after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[cfg(feature = "tls")]
+mod tls_certs {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+
+    /// A throwaway CA.
+    pub(crate) fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+    }
+
+    /// A certificate for `names` signed by `ca`: (cert PEM, key PEM).
+    pub(crate) fn leaf(
+        ca: &CertifiedIssuer<'static, KeyPair>,
+        names: &[&str],
+        cn: &str,
+    ) -> (String, String) {
+        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Client certificates (feature `tls`): an etcd that requires one (`--client-cert-auth`, signed
+/// by a client CA). The builder's `tls_identity_pem` with a certificate from that CA locks; no
+/// client certificate, or one from another CA, is a typed `LockError::Backend` within the
+/// connect timeout.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_client_certificate_required_right_one_locks_none_or_foreign_is_a_typed_error() {
+    use tls_certs::{leaf, new_ca};
+    let dir = common::TempDir::new("etcd-mtls");
+    let server_ca = new_ca("dlock etcd server CA");
+    let client_ca = new_ca("dlock etcd client CA");
+    let (cert, key) = leaf(&server_ca, &["localhost", "127.0.0.1"], "etcd server");
+    let tls = common::etcd::EtcdTls {
+        port: common::free_port_pub(),
+        cert: dir.path().join("server.crt"),
+        key: dir.path().join("server.key"),
+        client_ca: Some(dir.path().join("client-ca.crt")),
+    };
+    std::fs::write(&tls.cert, cert).unwrap();
+    std::fs::write(&tls.key, key).unwrap();
+    std::fs::write(tls.client_ca.as_ref().unwrap(), client_ca.pem()).unwrap();
+    let https = format!("https://127.0.0.1:{}", tls.port);
+    let _cluster = tokio::task::spawn_blocking(move || EtcdCluster::single_tls(tls))
+        .await
+        .unwrap();
+    let ca_pem = server_ca.pem().into_bytes();
+    let build = |identity: Option<(String, String)>| {
+        let (https, ca_pem) = (https.clone(), ca_pem.clone());
+        async move {
+            let mut b = dlock::EtcdBackend::builder(&[https])
+                .request_timeout(common::etcd::REQUEST_TIMEOUT)
+                .connect_timeout(common::etcd::REQUEST_TIMEOUT)
+                .tls_ca_pem(&ca_pem);
+            if let Some((c, k)) = identity {
+                b = b.tls_identity_pem(c.as_bytes(), k.as_bytes());
+            }
+            tokio::time::timeout(Duration::from_secs(10), b.build())
+                .await
+                .expect("an mTLS connect hangs")
+        }
+    };
+    let good = build(Some(leaf(&client_ca, &["dlock-client"], "dlock-client")))
+        .await
+        .expect("connect with a client certificate from the client CA");
+    let g = Lock::new("mtls")
+        .with_backend(Arc::new(good))
+        .acquire()
+        .await
+        .expect("lock over mTLS");
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+    let foreign_ca = new_ca("some other client CA");
+    for (who, identity) in [
+        ("no client certificate", None),
+        (
+            "a client certificate from another CA",
+            Some(leaf(&foreign_ca, &["intruder"], "intruder")),
+        ),
+    ] {
+        let t = Instant::now();
+        let e = build(identity).await.expect_err(who);
         eprintln!("{who}: {e}");
         assert!(
             matches!(e, LockError::Backend { .. }),

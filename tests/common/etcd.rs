@@ -45,6 +45,8 @@ pub struct EtcdTls {
     pub port: u16,
     pub cert: std::path::PathBuf,
     pub key: std::path::PathBuf,
+    /// Require a client certificate signed by this CA on the TLS port (`--client-cert-auth`).
+    pub client_ca: Option<std::path::PathBuf>,
 }
 
 /// A private etcd cluster (1 or 3 members).
@@ -99,6 +101,11 @@ impl EtcdMember {
                 .arg(&t.cert)
                 .arg("--key-file")
                 .arg(&t.key);
+            if let Some(ca) = &t.client_ca {
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+            }
         }
         cmd.args(["--name", &self.name])
             .arg("--data-dir")

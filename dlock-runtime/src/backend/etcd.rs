@@ -94,7 +94,16 @@ impl EtcdBackendBuilder {
     #[cfg(feature = "tls")]
     pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
         let ca = etcd::Certificate::from_pem(pem);
-        self.tls = Some(etcd::TlsOptions::new().ca_certificate(ca));
+        self.tls = Some(self.tls.take().unwrap_or_default().ca_certificate(ca));
+        self
+    }
+
+    /// A client certificate and its private key (PEM) for servers that require one (etcd's
+    /// `--client-cert-auth`; feature `tls`). Combine with [`Self::tls_ca_pem`].
+    #[cfg(feature = "tls")]
+    pub fn tls_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        let id = etcd::Identity::from_pem(cert_pem, key_pem);
+        self.tls = Some(self.tls.take().unwrap_or_default().identity(id));
         self
     }
 
