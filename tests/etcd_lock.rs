@@ -854,3 +854,37 @@ async fn mtls_client_certificate_required_right_one_locks_none_or_foreign_is_a_t
         );
     }
 }
+
+/// Two tasks of one runtime share one `EtcdBackend` and take turns on one name (25 locked
+/// non-atomic increments each, default ttl 30 s, wait 5 s). A task that arrives while the other
+/// waits queues locally without a key of its own; a release must wake it (before the fix it
+/// slept until the holder's ttl, so the wait ran out). The count is exact, nobody times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let cluster = start(1).await;
+    let backend: Arc<dyn dlock::Backend> = Arc::new(etcd_backend(&cluster).await);
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut ts = Vec::new();
+    for _ in 0..2 {
+        let (b, c) = (backend.clone(), counter.clone());
+        ts.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let g = Lock::new("turns")
+                    .with_backend(b.clone())
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+                    .expect("acquire within 5 s");
+                let v = c.load(Relaxed);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                c.store(v + 1, Relaxed);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in ts {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Relaxed), 50, "lost updates");
+}

@@ -333,3 +333,52 @@ async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
         .expect("same identity by URL takes it after the release");
     g2.release().await.unwrap();
 }
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// One increment under the lock `rt`, a non-atomic read-modify-write with an await between.
+async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = Lock::new("rt")
+        .with_backend(b.clone())
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquire `rt` within 5 s");
+    let v = counter.load(Relaxed);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    counter.store(v + 1, Relaxed);
+    g.release().await.expect("release `rt`");
+}
+
+/// Two tasks of one runtime share one `ZookeeperBackend` and take turns on one name (25 locked
+/// non-atomic increments each, default ttl 30 s, wait 5 s). A task that arrives while the other
+/// waits queues locally without a node of its own; before the fix, a release woke nobody, so
+/// the two ended up waiting for each other until the wait ran out (both `TimedOut`). The count
+/// is exact and nobody times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let backend: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut ts = Vec::new();
+    for _ in 0..2 {
+        let (b, c) = (backend.clone(), counter.clone());
+        ts.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                locked_increment(&b, &c).await;
+            }
+        }));
+    }
+    for t in ts {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Relaxed), 50, "lost updates");
+}

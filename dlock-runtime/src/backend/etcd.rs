@@ -866,15 +866,24 @@ impl Inner {
                     async move { c.delete(k, None).await }
                 })
                 .await;
-            let mut u = lease.users();
-            *u = u.saturating_sub(1);
+            {
+                let mut u = lease.users();
+                *u = u.saturating_sub(1);
+            }
+            // A waiter of this process that queued behind local waiters without a key of its
+            // own (the lock loop does not barge past them) watches nothing: wake one so it
+            // tries, rather than wait for the holder's ttl.
+            me.waiters.wake_one(&name_s);
             r.map(|d| d.deleted() > 0)
         };
         if !held {
             if h.rev == 0 {
                 self.delete_unconfirmed(name, &h.key, &h.lease, bound).await;
-                let mut u = h.lease.users();
-                *u = u.saturating_sub(1);
+                {
+                    let mut u = h.lease.users();
+                    *u = u.saturating_sub(1);
+                }
+                self.waiters.wake_one(name);
             } else {
                 let _ = delete.await;
             }

@@ -683,7 +683,7 @@ impl Inner {
             let path = h.path.clone();
             let name = name.to_string();
             async move {
-                match me.bounded(&name, c.delete(&path, None)).await {
+                let r = match me.bounded(&name, c.delete(&path, None)).await {
                     Ok(()) => Ok(()),
                     Err(LockError::Backend { source, .. })
                         if matches!(
@@ -697,7 +697,13 @@ impl Inner {
                         tracing::warn!(error = %e, "dlock: deleting a ZooKeeper lock node failed");
                         Err(())
                     }
-                }
+                };
+                // A waiter of this process that queued behind local waiters without a node of
+                // its own (the lock loop does not barge past them) watches nothing: wake one so
+                // it tries. Without this, two tasks sharing a backend could each wait for the
+                // other until their deadlines.
+                me.waiters.wake_one(&name);
+                r
             }
         };
         if !h.held {
@@ -706,6 +712,7 @@ impl Inner {
                 // request is sent after the create on the same session, so it sees it).
                 let (dir, prefix) = h.path.rsplit_once('/').unwrap_or(("", ""));
                 self.clean_orphan(name, &c, dir, prefix, h.session).await;
+                self.waiters.wake_one(name);
                 return Ok(Released::NotOwner);
             }
             let _ = delete.await;
