@@ -382,3 +382,89 @@ async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
     }
     assert_eq!(counter.load(Relaxed), 50, "lost updates");
 }
+
+/// The ZooKeeper twin of etcd_lock's cross-runtime test: one `ZookeeperBackend` built on runtime
+/// A, used from A and from runtime B on another thread (exact non-atomic count); then A shuts
+/// down while B keeps locking and holding a lock for three session timeouts.
+#[test]
+fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const ROUNDS: u64 = 25;
+    let server = ZkProc::start();
+    let rt_a = runtime(2);
+    let backend: Arc<dyn dlock::Backend> =
+        rt_a.block_on(async { Arc::new(zk_backend(&server).await) });
+    let counter = Arc::new(AtomicU64::new(0));
+    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
+    let thread_b = {
+        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
+        std::thread::spawn(move || {
+            let rt_b = runtime(1);
+            let r = rt_b.block_on(async move {
+                for _ in 0..ROUNDS {
+                    locked_increment(&b, &counter).await;
+                }
+                let held = Lock::new("held-b")
+                    .with_backend(b.clone())
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("B takes held-b: {e}"))?;
+                let _ = phase1_tx.send(());
+                let started = Instant::now();
+                let mut n = 0u64;
+                loop {
+                    let down = *a_down.lock().unwrap();
+                    if down.is_some_and(|t| t.elapsed() >= SESSION * 3) {
+                        break;
+                    }
+                    if started.elapsed() > Duration::from_secs(60) {
+                        return Err("runtime A never shut down".to_string());
+                    }
+                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
+                        .await
+                        .map_err(|_| "a locked increment on B hung".to_string())?;
+                    n += 1;
+                }
+                if !held.is_valid() || held.lost_reason().is_some() {
+                    return Err(format!(
+                        "B's hold was lost after A shut down: {:?}",
+                        held.lost_reason()
+                    ));
+                }
+                held.release()
+                    .await
+                    .map_err(|e| format!("release held-b: {e}"))?;
+                Ok(n)
+            });
+            let _ = done_tx.send(r);
+        })
+    };
+    rt_a.block_on(async {
+        for _ in 0..ROUNDS {
+            locked_increment(&backend, &counter).await;
+        }
+    });
+    phase1_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("B finished its first rounds");
+    drop(rt_a);
+    *a_down.lock().unwrap() = Some(Instant::now());
+    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("thread B did not finish within 90 s (hang)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
+        }
+    };
+    thread_b.join().expect("thread B");
+    assert!(n_b >= 5, "B locked only {n_b} times after A shut down");
+    assert_eq!(
+        counter.load(Relaxed),
+        2 * ROUNDS + n_b,
+        "lost updates: two holders overlapped"
+    );
+}

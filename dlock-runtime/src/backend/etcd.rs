@@ -36,6 +36,7 @@ use etcd_client as etcd;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
 
+use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
@@ -137,7 +138,7 @@ impl EtcdBackendBuilder {
         let eps = self.endpoints.clone();
         // The client's channel (its tonic workers and connections) lives on the backend's own
         // driver thread, not on the caller's runtime: see [`Driver`].
-        let driver = Driver::start()?;
+        let driver = Driver::start("dlock-etcd")?;
         let connect = driver.handle.spawn(async move {
             tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await
         });
@@ -226,7 +227,8 @@ struct PredWatch {
 struct Inner {
     cfg: EtcdBackendBuilder,
     client: etcd::Client,
-    /// The thread whose runtime runs the client's channel and this backend's own tasks.
+    /// The thread whose runtime runs the client's channel and this backend's own tasks (see
+    /// [`Driver`]).
     driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
@@ -244,52 +246,6 @@ impl std::fmt::Debug for Inner {
             .field("leases", &self.leases().len())
             .field("holds", &self.holds().len())
             .finish_non_exhaustive()
-    }
-}
-
-/// The backend's own single-threaded tokio runtime on a thread of its own (`dlock-etcd`).
-///
-/// A tonic channel runs its workers and connections as tasks of the runtime that created it and
-/// dies with that runtime; a lease keep-alive or a predecessor watch spawned on a caller's
-/// runtime would die with it too. A backend is shared (the registry hands out one
-/// `Arc<dyn Backend>` to every runtime of the process, `#[tokio::test]`s make one runtime per
-/// test), so the channel and every task the backend spawns (keep-alives, watches, delayed
-/// deletes) live here instead, and a caller's runtime shutting down takes none of them along.
-/// Requests themselves are still awaited by the caller. The thread ends when the backend is
-/// dropped.
-struct Driver {
-    handle: tokio::runtime::Handle,
-    stop: Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
-}
-
-impl Driver {
-    fn start() -> Result<Driver, LockError> {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .map_err(|e| be("", e))?;
-        let handle = rt.handle().clone();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name("dlock-etcd".into())
-            .spawn(move || {
-                // Runs the spawned tasks until the backend is dropped; the runtime is dropped
-                // on this thread, outside any async context.
-                let _ = rt.block_on(stopped);
-            })
-            .map_err(|e| be("", e))?;
-        Ok(Driver {
-            handle,
-            stop: Mutex::new(Some(stop)),
-        })
-    }
-}
-
-impl Drop for Driver {
-    fn drop(&mut self) {
-        if let Some(stop) = self.stop.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            let _ = stop.send(());
-        }
     }
 }
 

@@ -25,6 +25,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
@@ -107,7 +108,10 @@ impl ZookeeperBackendBuilder {
                 self.root
             )));
         }
-        let session = Session::open(&self).await?;
+        // The client's session task and every task of this backend run on its own driver
+        // thread, so it survives the shutdown of any caller's runtime (see `Driver`).
+        let driver = Driver::start("dlock-zk")?;
+        let session = Session::open(&self, &driver.handle).await?;
         Ok(ZookeeperBackend {
             inner: Arc::new(Inner {
                 cfg: self,
@@ -115,6 +119,7 @@ impl ZookeeperBackendBuilder {
                 holds: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
                 notifications: Default::default(),
+                driver,
             }),
         })
     }
@@ -153,13 +158,20 @@ struct Session {
 impl Session {
     /// Connects and starts the session-state watcher: a terminal state cancels `gone`, which
     /// every guard of this session listens to (`lost()` at once, not at the guard's deadline).
-    async fn open(cfg: &ZookeeperBackendBuilder) -> Result<Session, LockError> {
-        let client = connect(cfg).await?;
+    async fn open(
+        cfg: &ZookeeperBackendBuilder,
+        driver: &tokio::runtime::Handle,
+    ) -> Result<Session, LockError> {
+        let c = cfg.clone();
+        let client = driver
+            .spawn(async move { connect(&c).await })
+            .await
+            .map_err(|e| be("", e))??;
         let gone = CancellationToken::new();
         let mut states = client.state_watcher();
         let id = client.session_id().0;
         let ended = gone.clone();
-        tokio::spawn(async move {
+        driver.spawn(async move {
             loop {
                 tokio::select! {
                     _ = ended.cancelled() => return,
@@ -231,6 +243,9 @@ struct Inner {
     waiters: Arc<WaitQueues>,
     /// Predecessor-watch notifications received (for tests and metrics).
     notifications: std::sync::atomic::AtomicU64,
+    /// The thread whose runtime runs the sessions and this backend's own tasks (last: dropped
+    /// after the session).
+    driver: Driver,
 }
 
 /// Locks on ZooKeeper (feature `zookeeper`). See the module documentation for the protocol.
@@ -364,7 +379,7 @@ impl Inner {
         if !old.ended() {
             return Ok(old.client);
         }
-        let fresh = Session::open(&self.cfg).await?;
+        let fresh = Session::open(&self.cfg, &self.driver.handle).await?;
         let mut cur = self.session();
         if cur.id != old.id && !cur.ended() {
             // Another caller replaced it meanwhile: keep theirs, close ours.
@@ -556,7 +571,7 @@ impl Inner {
                 Ok((Some(_), w)) => {
                     let me = Arc::clone(self);
                     let name = name.to_string();
-                    tokio::spawn(async move {
+                    self.driver.handle.spawn(async move {
                         let _ = w.changed().await;
                         me.notifications
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -624,7 +639,7 @@ impl Inner {
         }
         let me = Arc::clone(self);
         let (name, dir, prefix) = (name.to_string(), dir.to_string(), prefix.to_string());
-        tokio::spawn(async move {
+        self.driver.handle.spawn(async move {
             let give_up = tokio::time::Instant::now() + me.cfg.session_timeout * 10;
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -723,7 +738,7 @@ impl Inner {
         }
         match keep_for {
             Some(k) if !k.is_zero() => {
-                tokio::spawn(async move {
+                self.driver.handle.spawn(async move {
                     tokio::time::sleep(k).await;
                     let _ = delete.await;
                 });
