@@ -12,11 +12,20 @@
 //!   processes would have), take one name in turn (wait 30 s); hand-off = from the holder's
 //!   release call to the next holder's grant. p50/p99 as ratios to the floor's txn round trip of
 //!   the same run; requests per acquisition from the backends' own counters.
+//! * E3 the herd, in the same run as E2 and measured the same way: 16 workers on raw clients
+//!   (a connection and a lease each) run the naive recipe: create the key under the lease, then
+//!   every contender watches the **whole lock prefix** and re-reads the lowest key after every
+//!   delete under it, until its own key is the lowest. Reported beside E2: hand-off p50/p99,
+//!   client requests per acquisition, watch events received per acquisition, and (for both
+//!   E2 and E3) gRPC messages the server received per acquisition (`/metrics`,
+//!   `grpc_server_msg_received_total`, keep-alives included), with the ratios E2/E3.
 //!
 //! Environment: `DLOCK_BENCH_SCALE` (default 1) scales the run lengths.
 
-use std::net::TcpListener;
+use std::io::{Read as _, Write as _};
+use std::net::{TcpListener, TcpStream};
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -125,6 +134,183 @@ async fn raw_pair(c: &mut Client, lease: i64, i: u64) -> Duration {
     rtt
 }
 
+/// gRPC messages the server has received so far (every method, keep-alives included), from its
+/// Prometheus `/metrics` on the client port.
+fn server_msgs(port: u16) -> u64 {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics connection");
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).expect("read /metrics");
+    out.lines()
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// One herd worker's acquisition: create its key under its lease, then re-read the lowest key
+/// after every delete its prefix watch saw, until its own key is the lowest.
+async fn naive_acquire(
+    c: &mut Client,
+    key: &str,
+    lease: i64,
+    deleted: &tokio::sync::Notify,
+    reqs: &AtomicU64,
+) {
+    let lowest_opts = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+        .with_keys_only();
+    let txn = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([
+            TxnOp::put(key, "owner", Some(PutOptions::new().with_lease(lease))),
+            TxnOp::get(NAIVE_PREFIX, Some(lowest_opts.clone())),
+        ]);
+    reqs.fetch_add(1, Ordering::Relaxed);
+    let r = c.txn(txn).await.expect("naive create");
+    assert!(r.succeeded());
+    let mut lowest = match r.op_responses().get(1) {
+        Some(dlock::etcd_client::TxnOpResponse::Get(g)) => {
+            g.kvs().first().map(|kv| kv.key().to_vec())
+        }
+        _ => None,
+    };
+    loop {
+        if lowest.as_deref() == Some(key.as_bytes()) {
+            return;
+        }
+        // Registered before the re-read, so a delete in between is not missed.
+        let woken = deleted.notified();
+        tokio::pin!(woken);
+        woken.as_mut().enable();
+        reqs.fetch_add(1, Ordering::Relaxed);
+        let g = c
+            .get(NAIVE_PREFIX, Some(lowest_opts.clone()))
+            .await
+            .expect("naive re-read");
+        lowest = g.kvs().first().map(|kv| kv.key().to_vec());
+        if lowest.as_deref() == Some(key.as_bytes()) {
+            return;
+        }
+        tokio::time::timeout(Duration::from_secs(30), woken)
+            .await
+            .expect("naive waiter woken within 30 s");
+    }
+}
+
+const NAIVE_PREFIX: &str = "/naive/e3/";
+
+#[derive(Debug)]
+struct Contended {
+    acquisitions: usize,
+    handoffs: Vec<Duration>,
+    requests: u64,
+    events: u64,
+    server_msgs: u64,
+    took: Duration,
+}
+
+impl Contended {
+    fn per(&self, n: u64) -> f64 {
+        n as f64 / self.acquisitions as f64
+    }
+}
+
+/// E3: 16 raw clients, each with its own lease and a watch on the whole lock prefix.
+async fn e3_naive(ep: &str, port: u16, acquisitions: usize) -> Contended {
+    let reqs = Arc::new(AtomicU64::new(0));
+    let events = Arc::new(AtomicU64::new(0));
+    let mut workers = Vec::new();
+    for _ in 0..E2_WORKERS {
+        let mut c = Client::connect([ep], None).await.expect("naive client");
+        let lease = c.lease_grant(30, None).await.expect("naive lease").id();
+        let (keeper, ka) = c.lease_keep_alive(lease).await.expect("naive keep-alive");
+        let mut stream = c
+            .watch(
+                NAIVE_PREFIX,
+                Some(dlock::etcd_client::WatchOptions::new().with_prefix()),
+            )
+            .await
+            .expect("naive prefix watch");
+        let deleted = Arc::new(tokio::sync::Notify::new());
+        // The herd: every worker's watch delivers every put and delete under the prefix.
+        let reader = {
+            let (deleted, events) = (deleted.clone(), events.clone());
+            tokio::spawn(async move {
+                while let Ok(Some(resp)) = stream.message().await {
+                    events.fetch_add(resp.events().len() as u64, Ordering::Relaxed);
+                    if resp
+                        .events()
+                        .iter()
+                        .any(|e| e.event_type() == dlock::etcd_client::EventType::Delete)
+                    {
+                        deleted.notify_one();
+                    }
+                }
+            })
+        };
+        workers.push((c, lease, deleted, reader, keeper, ka));
+    }
+    // The watches are registered before the first acquisition.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    reqs.store(0, Ordering::Relaxed);
+    events.store(0, Ordering::Relaxed);
+    let msgs0 = server_msgs(port);
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let handoffs = Arc::new(Mutex::new(Vec::new()));
+    let done = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    let mut readers = Vec::new();
+    for (mut c, lease, deleted, reader, keeper, ka) in workers {
+        readers.push((reader, keeper, ka));
+        let (released_at, handoffs, done, reqs) = (
+            released_at.clone(),
+            handoffs.clone(),
+            done.clone(),
+            reqs.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            let key = format!("{NAIVE_PREFIX}{lease:016x}");
+            loop {
+                if done.load(Ordering::SeqCst) >= acquisitions || started.elapsed() > E2_LIMIT {
+                    return;
+                }
+                naive_acquire(&mut c, &key, lease, &deleted, &reqs).await;
+                let now = Instant::now();
+                if let Some(t) = released_at.lock().unwrap().take() {
+                    handoffs.lock().unwrap().push(now - t);
+                }
+                done.fetch_add(1, Ordering::SeqCst);
+                *released_at.lock().unwrap() = Some(Instant::now());
+                reqs.fetch_add(1, Ordering::Relaxed);
+                c.delete(key.as_str(), None).await.expect("naive release");
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    let took = started.elapsed();
+    let server = server_msgs(port) - msgs0;
+    for (r, _, _) in &readers {
+        r.abort();
+    }
+    let mut h = handoffs.lock().unwrap().clone();
+    h.sort();
+    Contended {
+        acquisitions: done.load(Ordering::SeqCst),
+        handoffs: h,
+        requests: reqs.load(Ordering::Relaxed),
+        events: events.load(Ordering::Relaxed),
+        server_msgs: server,
+        took,
+    }
+}
+
 fn pct(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
@@ -137,6 +323,7 @@ fn main() {
         .unwrap_or(1);
     let server = Etcd::start();
     let ep = server.endpoint();
+    let port = server.port;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -188,6 +375,7 @@ fn main() {
             backends.push(backend(&ep).await);
         }
         let req_before: u64 = backends.iter().map(|b| b.requests()).sum();
+        let msgs_before = server_msgs(port);
         let released_at: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
         let handoffs = Arc::new(Mutex::new(Vec::new()));
         let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -223,11 +411,24 @@ fn main() {
         }
         let total = done.load(std::sync::atomic::Ordering::SeqCst);
         let e2_time = started.elapsed();
+        let e2_msgs = server_msgs(port) - msgs_before;
         let reqs: u64 = backends.iter().map(|b| b.requests()).sum::<u64>() - req_before;
         let notes: u64 = backends.iter().map(|b| b.watch_notifications()).sum();
         let mut h = handoffs.lock().unwrap().clone();
         h.sort();
         let (p50, p99) = (pct(&h, 0.5), pct(&h, 0.99));
+        let e2 = Contended {
+            acquisitions: total,
+            handoffs: h,
+            requests: reqs,
+            events: notes,
+            server_msgs: e2_msgs,
+            took: e2_time,
+        };
+        drop(backends);
+
+        // E3: the herd, same number of acquisitions.
+        let e3 = e3_naive(&ep, port, acquisitions).await;
 
         println!("etcd_bench (single etcd member on tmpfs, same-run floor)");
         println!("| workload | dlock | floor | ratio |");
@@ -254,5 +455,22 @@ fn main() {
             notes as f64 / total as f64
         );
         println!("E2: {total} acquisitions in {e2_time:?}");
+        println!();
+        println!("E2 (dlock, predecessor watch) against E3 (naive: every contender watches the lock prefix), 16 workers, one name, same run");
+        println!("| | E2 dlock | E3 naive | ratio E2/E3 |");
+        println!("| --- | --- | --- | --- |");
+        let row = |what: &str, a: f64, b: f64, unit: &str| {
+            println!("| {what} | {a:.2}{unit} | {b:.2}{unit} | {:.2} |", a / b);
+        };
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        row("hand-off p50", ms(pct(&e2.handoffs, 0.5)), ms(pct(&e3.handoffs, 0.5)), " ms");
+        row("hand-off p99", ms(pct(&e2.handoffs, 0.99)), ms(pct(&e3.handoffs, 0.99)), " ms");
+        row("client requests / acquisition", e2.per(e2.requests), e3.per(e3.requests), "");
+        row("watch events (dlock: notifications) / acquisition", e2.per(e2.events), e3.per(e3.events), "");
+        row("server gRPC messages / acquisition", e2.per(e2.server_msgs), e3.per(e3.server_msgs), "");
+        println!(
+            "acquisitions: E2 {} in {:?}, E3 {} in {:?}",
+            e2.acquisitions, e2.took, e3.acquisitions, e3.took
+        );
     });
 }

@@ -358,3 +358,533 @@ async fn sigstopped_holder_past_its_lease_is_superseded_and_hears_lost() {
     );
     g.release().await.unwrap();
 }
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// One increment of a shared counter under the lock `rt`, by a non-atomic read-modify-write
+/// with an await in between: an overlap of two holders loses an update.
+async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = Lock::new("rt")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(2))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquire `rt` within 5 s");
+    let v = counter.load(Relaxed);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    counter.store(v + 1, Relaxed);
+    g.release().await.expect("release `rt`");
+}
+
+/// One `EtcdBackend`, shared as an `Arc<dyn Backend>` the way the registry hands it out, used
+/// from two tokio runtimes on two threads: runtime A builds it and takes the first lease (ttl
+/// 2 s), both runtimes increment a counter under one lock, then A shuts down while B keeps
+/// locking and keeps holding a lock of the same ttl. The count is exact (no overlap), every
+/// call of B after A's shutdown is answered (bounded waits, no hang), and B's hold survives
+/// three ttls after A is gone (the lease is not kept alive by a task of A).
+#[test]
+fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const ROUNDS: u64 = 25;
+    let cluster = EtcdCluster::single();
+    let rt_a = runtime(2);
+    let backend: Arc<dyn dlock::Backend> =
+        rt_a.block_on(async { Arc::new(etcd_backend(&cluster).await) });
+    // A holds a 2-s lock first, so the 2-s lease is granted (and kept alive) from runtime A.
+    let keep_a = rt_a
+        .block_on(
+            Lock::new("keep-a")
+                .with_backend(backend.clone())
+                .ttl(Duration::from_secs(2))
+                .acquire(),
+        )
+        .expect("A takes keep-a");
+    let counter = Arc::new(AtomicU64::new(0));
+    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
+    let thread_b = {
+        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
+        std::thread::spawn(move || {
+            let rt_b = runtime(1);
+            let r = rt_b.block_on(async move {
+                for _ in 0..ROUNDS {
+                    locked_increment(&b, &counter).await;
+                }
+                let held = Lock::new("held-b")
+                    .with_backend(b.clone())
+                    .ttl(Duration::from_secs(2))
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("B takes held-b: {e}"))?;
+                let _ = phase1_tx.send(());
+                // Keep locking while A shuts down, and for three ttls after.
+                let started = Instant::now();
+                let mut n = 0u64;
+                loop {
+                    let down = *a_down.lock().unwrap();
+                    if down.is_some_and(|t| t.elapsed() >= Duration::from_secs(6)) {
+                        break;
+                    }
+                    if started.elapsed() > Duration::from_secs(60) {
+                        return Err("runtime A never shut down".to_string());
+                    }
+                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
+                        .await
+                        .map_err(|_| "a locked increment on B hung".to_string())?;
+                    n += 1;
+                }
+                if !held.is_valid() || held.lost_reason().is_some() {
+                    return Err(format!(
+                        "B's hold was lost after A shut down: {:?}",
+                        held.lost_reason()
+                    ));
+                }
+                held.release()
+                    .await
+                    .map_err(|e| format!("release held-b: {e}"))?;
+                Ok(n)
+            });
+            let _ = done_tx.send(r);
+        })
+    };
+    rt_a.block_on(async {
+        for _ in 0..ROUNDS {
+            locked_increment(&backend, &counter).await;
+        }
+    });
+    phase1_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("B finished its first rounds");
+    rt_a.block_on(keep_a.release()).expect("A releases keep-a");
+    // Shut A down while B keeps locking.
+    drop(rt_a);
+    *a_down.lock().unwrap() = Some(Instant::now());
+    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("thread B did not finish within 90 s (hang)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            // B panicked: report its panic.
+            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
+        }
+    };
+    thread_b.join().expect("thread B");
+    assert!(
+        n_b >= 5,
+        "B locked only {n_b} times in 6 s after A shut down"
+    );
+    assert_eq!(
+        counter.load(Relaxed),
+        2 * ROUNDS + n_b,
+        "lost updates: two holders overlapped"
+    );
+}
+
+const ROOT_PASSWORD: &str = "r00t-Pw";
+const LOCKER_PASSWORD: &str = "l0cker-Pw";
+
+/// Turns on etcd's authentication through the gRPC Auth API: `root` (with the root role), a
+/// least-privilege user `locker` whose role may read and write the `/dlock/` prefix only, and a
+/// user `outsider` whose role covers `/other/` only.
+async fn enable_auth(cluster: &EtcdCluster) {
+    use dlock::etcd_client::Permission;
+    let mut c = admin(cluster).await;
+    c.user_add("root", ROOT_PASSWORD, None).await.unwrap();
+    c.user_grant_role("root", "root").await.unwrap();
+    for (user, role, prefix) in [
+        ("locker", "dlock-rw", "/dlock/"),
+        ("outsider", "other-rw", "/other/"),
+    ] {
+        c.role_add(role).await.unwrap();
+        c.role_grant_permission(role, Permission::read_write(prefix).with_prefix())
+            .await
+            .unwrap();
+        c.user_add(user, LOCKER_PASSWORD, None).await.unwrap();
+        c.user_grant_role(user, role).await.unwrap();
+    }
+    c.auth_enable().await.unwrap();
+}
+
+async fn build_as(
+    cluster: &EtcdCluster,
+    user: Option<(&str, &str)>,
+) -> Result<dlock::EtcdBackend, LockError> {
+    let mut b = dlock::EtcdBackend::builder(&cluster.endpoints())
+        .request_timeout(common::etcd::REQUEST_TIMEOUT)
+        .connect_timeout(common::etcd::REQUEST_TIMEOUT);
+    if let Some((u, p)) = user {
+        b = b.user(u, p);
+    }
+    b.build().await
+}
+
+/// User and password auth (issue 10, builders): with authentication enabled on a private etcd,
+/// a least-privilege user (read/write on `/dlock/` only) takes, contends for and releases locks,
+/// by the builder and by an `etcd://user:password@` URL. A wrong password, no credentials, and a
+/// user without permission on the prefix each get a typed `LockError::Backend` (an etcd gRPC
+/// status) quickly, with no password in the message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_password_auth_works_and_wrong_or_missing_credentials_are_typed_errors() {
+    let cluster = start(1).await;
+    enable_auth(&cluster).await;
+    let good = build_as(&cluster, Some(("locker", LOCKER_PASSWORD)))
+        .await
+        .expect("the locker user connects");
+    let by_url = dlock::EtcdBackend::connect(&format!(
+        "etcd://locker:{LOCKER_PASSWORD}@{}",
+        cluster.endpoints().join(",")
+    ))
+    .await
+    .expect("connect by URL with credentials");
+    let g = Lock::new("auth")
+        .with_backend(Arc::new(good.clone()))
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("the locker user takes the lock");
+    let e = Lock::new("auth")
+        .with_backend(Arc::new(by_url.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_contended(), "the URL backend sees it held: {e:?}");
+    let waiter = {
+        let b = by_url.clone();
+        tokio::spawn(async move {
+            Lock::new("auth")
+                .with_backend(Arc::new(b))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    // Held past its 2-s lease: the keep-alives and the watchdog work under auth.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        g.is_valid() && g.lost_reason().is_none(),
+        "{:?}",
+        g.lost_reason()
+    );
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let g2 = waiter
+        .await
+        .unwrap()
+        .expect("the waiter (watching under auth) gets it");
+    assert!(g2.fencing_token() > token);
+    g2.release().await.unwrap();
+
+    // etcd 3.4 answers INVALID_ARGUMENT ("authentication failed", "user name is empty") and
+    // PERMISSION_DENIED.
+    for (who, user, code) in [
+        (
+            "wrong password",
+            Some(("locker", "not-the-password")),
+            tonic_code::INVALID_ARGUMENT,
+        ),
+        ("no credentials", None, tonic_code::INVALID_ARGUMENT),
+        (
+            "user without the prefix",
+            Some(("outsider", LOCKER_PASSWORD)),
+            tonic_code::PERMISSION_DENIED,
+        ),
+    ] {
+        let t = Instant::now();
+        let r = tokio::time::timeout(Duration::from_secs(10), async {
+            let b = build_as(&cluster, user).await?;
+            // Connected (not expected): then the first lock must fail.
+            Lock::new("auth")
+                .with_backend(Arc::new(b))
+                .acquire()
+                .await
+                .map(drop)
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{who}: hung"));
+        let e = r.expect_err(who);
+        eprintln!("{who}: {e}");
+        let LockError::Backend { source, .. } = &e else {
+            panic!("{who}: expected LockError::Backend, got {e:?}");
+        };
+        let status = match source.downcast_ref::<dlock::etcd_client::Error>() {
+            Some(dlock::etcd_client::Error::GRpcStatus(s)) => s.clone(),
+            other => panic!("{who}: expected an etcd gRPC status, got {other:?} ({e})"),
+        };
+        assert_eq!(i32::from(status.code()), code, "{who}: {status:?}");
+        assert!(
+            !e.to_string().contains("not-the-password") && !e.to_string().contains(LOCKER_PASSWORD),
+            "{who}: the password leaks: {e}"
+        );
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "{who}: refused only after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+/// gRPC status codes used above (tonic is not a direct dependency of the tests).
+mod tonic_code {
+    pub(crate) const INVALID_ARGUMENT: i32 = 3;
+    pub(crate) const PERMISSION_DENIED: i32 = 7;
+}
+
+/// TLS (feature `tls`, issue 10 builders): a private etcd serving `https://` with a certificate
+/// from a throwaway CA (rcgen). The builder's `tls_ca_pem` with that CA works (lock, contention,
+/// a waiter woken over a TLS watch, keep-alives past the lease); a wrong CA, and a plaintext
+/// client on the TLS port, get a typed `LockError::Backend` within the connect timeout (no panic,
+/// no hang).
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_error() {
+    use rcgen::{CertificateParams, DnType, KeyPair};
+    use tls_certs::new_ca;
+    let dir = common::TempDir::new("etcd-tls");
+    let ca = new_ca("dlock etcd test CA");
+    let mut leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
+    leaf.distinguished_name
+        .push(DnType::CommonName, "dlock etcd test server");
+    let leaf_key = KeyPair::generate().unwrap();
+    let leaf_cert = leaf.signed_by(&leaf_key, &ca).unwrap();
+    let tls = common::etcd::EtcdTls {
+        port: common::free_port_pub(),
+        cert: dir.path().join("server.crt"),
+        key: dir.path().join("server.key"),
+        client_ca: None,
+    };
+    std::fs::write(&tls.cert, leaf_cert.pem()).unwrap();
+    std::fs::write(&tls.key, leaf_key.serialize_pem()).unwrap();
+    let tls_port = tls.port;
+    let _cluster = tokio::task::spawn_blocking(move || EtcdCluster::single_tls(tls))
+        .await
+        .unwrap();
+    let build = |ep: String, ca_pem: Option<Vec<u8>>| async move {
+        let mut b = dlock::EtcdBackend::builder(&[ep])
+            .request_timeout(common::etcd::REQUEST_TIMEOUT)
+            .connect_timeout(common::etcd::REQUEST_TIMEOUT);
+        if let Some(pem) = ca_pem {
+            b = b.tls_ca_pem(&pem);
+        }
+        tokio::time::timeout(Duration::from_secs(10), b.build())
+            .await
+            .expect("a TLS connect hangs")
+    };
+    let ca_pem = ca.pem().into_bytes();
+    let https = format!("https://127.0.0.1:{tls_port}");
+    let a = build(https.clone(), Some(ca_pem.clone()))
+        .await
+        .expect("TLS with the right CA");
+    // host:port with TLS options means https too.
+    let b = build(format!("localhost:{tls_port}"), Some(ca_pem.clone()))
+        .await
+        .expect("TLS by name with the right CA");
+    let g = Lock::new("tls")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(Duration::from_secs(2))
+        .acquire()
+        .await
+        .expect("lock over TLS");
+    let waiter = {
+        let b = b.clone();
+        tokio::spawn(async move {
+            Lock::new("tls")
+                .with_backend(Arc::new(b))
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        g.is_valid() && g.lost_reason().is_none(),
+        "{:?}",
+        g.lost_reason()
+    );
+    let token = g.fencing_token();
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let g2 = waiter.await.unwrap().expect("the waiter gets it over TLS");
+    assert!(
+        released.elapsed() < Duration::from_secs(1),
+        "woken {:?} after the release",
+        released.elapsed()
+    );
+    assert!(g2.fencing_token() > token);
+    g2.release().await.unwrap();
+
+    let other_ca = new_ca("some other CA");
+    for (who, ep, pem) in [
+        ("wrong CA", https.clone(), Some(other_ca.pem().into_bytes())),
+        (
+            "plaintext on the TLS port",
+            format!("127.0.0.1:{tls_port}"),
+            None,
+        ),
+    ] {
+        let t = Instant::now();
+        let e = build(ep, pem).await.expect_err(who);
+        eprintln!("{who}: {e}");
+        assert!(
+            matches!(e, LockError::Backend { .. }),
+            "{who}: expected LockError::Backend, got {e:?}"
+        );
+        assert!(
+            t.elapsed() < common::etcd::REQUEST_TIMEOUT + Duration::from_secs(2),
+            "{who}: refused only after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+#[cfg(feature = "tls")]
+mod tls_certs {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
+        KeyUsagePurpose,
+    };
+
+    /// A throwaway CA.
+    pub(crate) fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.key_usages = vec![
+            KeyUsagePurpose::KeyCertSign,
+            KeyUsagePurpose::CrlSign,
+            KeyUsagePurpose::DigitalSignature,
+        ];
+        CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
+    }
+
+    /// A certificate for `names` signed by `ca`: (cert PEM, key PEM).
+    pub(crate) fn leaf(
+        ca: &CertifiedIssuer<'static, KeyPair>,
+        names: &[&str],
+        cn: &str,
+    ) -> (String, String) {
+        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
+            .unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        let key = KeyPair::generate().unwrap();
+        let cert = p.signed_by(&key, ca).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+}
+
+/// Client certificates (feature `tls`): an etcd that requires one (`--client-cert-auth`, signed
+/// by a client CA). The builder's `tls_identity_pem` with a certificate from that CA locks; no
+/// client certificate, or one from another CA, is a typed `LockError::Backend` within the
+/// connect timeout.
+#[cfg(feature = "tls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_client_certificate_required_right_one_locks_none_or_foreign_is_a_typed_error() {
+    use tls_certs::{leaf, new_ca};
+    let dir = common::TempDir::new("etcd-mtls");
+    let server_ca = new_ca("dlock etcd server CA");
+    let client_ca = new_ca("dlock etcd client CA");
+    let (cert, key) = leaf(&server_ca, &["localhost", "127.0.0.1"], "etcd server");
+    let tls = common::etcd::EtcdTls {
+        port: common::free_port_pub(),
+        cert: dir.path().join("server.crt"),
+        key: dir.path().join("server.key"),
+        client_ca: Some(dir.path().join("client-ca.crt")),
+    };
+    std::fs::write(&tls.cert, cert).unwrap();
+    std::fs::write(&tls.key, key).unwrap();
+    std::fs::write(tls.client_ca.as_ref().unwrap(), client_ca.pem()).unwrap();
+    let https = format!("https://127.0.0.1:{}", tls.port);
+    let _cluster = tokio::task::spawn_blocking(move || EtcdCluster::single_tls(tls))
+        .await
+        .unwrap();
+    let ca_pem = server_ca.pem().into_bytes();
+    let build = |identity: Option<(String, String)>| {
+        let (https, ca_pem) = (https.clone(), ca_pem.clone());
+        async move {
+            let mut b = dlock::EtcdBackend::builder(&[https])
+                .request_timeout(common::etcd::REQUEST_TIMEOUT)
+                .connect_timeout(common::etcd::REQUEST_TIMEOUT)
+                .tls_ca_pem(&ca_pem);
+            if let Some((c, k)) = identity {
+                b = b.tls_identity_pem(c.as_bytes(), k.as_bytes());
+            }
+            tokio::time::timeout(Duration::from_secs(10), b.build())
+                .await
+                .expect("an mTLS connect hangs")
+        }
+    };
+    let good = build(Some(leaf(&client_ca, &["dlock-client"], "dlock-client")))
+        .await
+        .expect("connect with a client certificate from the client CA");
+    let g = Lock::new("mtls")
+        .with_backend(Arc::new(good))
+        .acquire()
+        .await
+        .expect("lock over mTLS");
+    assert!(g.fencing_token() > 0);
+    g.release().await.unwrap();
+    let foreign_ca = new_ca("some other client CA");
+    for (who, identity) in [
+        ("no client certificate", None),
+        (
+            "a client certificate from another CA",
+            Some(leaf(&foreign_ca, &["intruder"], "intruder")),
+        ),
+    ] {
+        let t = Instant::now();
+        let e = build(identity).await.expect_err(who);
+        eprintln!("{who}: {e}");
+        assert!(
+            matches!(e, LockError::Backend { .. }),
+            "{who}: expected LockError::Backend, got {e:?}"
+        );
+        assert!(
+            t.elapsed() < common::etcd::REQUEST_TIMEOUT + Duration::from_secs(2),
+            "{who}: refused only after {:?}",
+            t.elapsed()
+        );
+    }
+}
+
+/// Two tasks of one runtime share one `EtcdBackend` and take turns on one name (25 locked
+/// non-atomic increments each, default ttl 30 s, wait 5 s). A task that arrives while the other
+/// waits queues locally without a key of its own; a release must wake it (before the fix it
+/// slept until the holder's ttl, so the wait ran out). The count is exact, nobody times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let cluster = start(1).await;
+    let backend: Arc<dyn dlock::Backend> = Arc::new(etcd_backend(&cluster).await);
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut ts = Vec::new();
+    for _ in 0..2 {
+        let (b, c) = (backend.clone(), counter.clone());
+        ts.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let g = Lock::new("turns")
+                    .with_backend(b.clone())
+                    .wait(Duration::from_secs(5))
+                    .acquire()
+                    .await
+                    .expect("acquire within 5 s");
+                let v = c.load(Relaxed);
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                c.store(v + 1, Relaxed);
+                g.release().await.unwrap();
+            }
+        }));
+    }
+    for t in ts {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Relaxed), 50, "lost updates");
+}

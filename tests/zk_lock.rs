@@ -187,3 +187,284 @@ async fn disconnected_holder_is_lost_by_its_session_deadline_then_a_new_session_
     assert_ne!(b.session_id(), old_session, "a new session was opened");
     g2.release().await.unwrap();
 }
+
+const DIGEST_USER: &str = "locker";
+const DIGEST_PASSWORD: &str = "s3cret-Pw";
+
+/// True for `LockError::Backend` whose source is ZooKeeper's `NoAuth`.
+fn is_no_auth(e: &dlock::LockError) -> bool {
+    matches!(e, dlock::LockError::Backend { source, .. }
+        if source.downcast_ref::<zookeeper_client::Error>() == Some(&zookeeper_client::Error::NoAuth))
+}
+
+/// Digest auth (issue 10, builders): the operator creates the lock root with an ACL for one
+/// digest user only. A backend authenticated as that user (builder or `zk://user:pw@` URL) takes
+/// and releases locks, and its nodes carry the digest ACL rather than `world:anyone`. A backend
+/// with a wrong password, or with none, gets a typed `LockError::Backend` (source `NoAuth`) at
+/// once with `wait = 0`, a bounded `TimedOut` with a wait, and leaves no node behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let operator = zk::Client::connector()
+        .session_timeout(Duration::from_secs(5))
+        .auth(
+            "digest".to_string(),
+            format!("{DIGEST_USER}:{DIGEST_PASSWORD}").into_bytes(),
+        )
+        .connect(&server.hosts())
+        .await
+        .expect("operator client");
+    operator
+        .create(
+            "/dlock",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .expect("create /dlock with the digest user's ACL");
+    let (root_acl, _) = operator.get_acl("/dlock").await.unwrap();
+    assert!(
+        root_acl.iter().all(|a| a.scheme() == "digest"),
+        "{root_acl:?}"
+    );
+
+    let good = dlock::ZookeeperBackend::builder(&server.hosts())
+        .session_timeout(SESSION)
+        .digest_auth(DIGEST_USER, DIGEST_PASSWORD)
+        .build()
+        .await
+        .expect("connect with the right digest");
+    let g = Lock::new("acl")
+        .with_backend(Arc::new(good.clone()))
+        .acquire()
+        .await
+        .expect("the digest user takes the lock");
+    let dir = good.lock_dir("acl");
+    let kids = operator.list_children(&dir).await.unwrap();
+    assert_eq!(kids.len(), 1, "{kids:?}");
+    for path in [dir.clone(), format!("{dir}/{}", kids[0])] {
+        let (acl, _) = operator.get_acl(&path).await.unwrap();
+        assert!(
+            !acl.is_empty() && acl.iter().all(|a| a.scheme() == "digest"),
+            "{path} has ACL {acl:?}, not the digest user's"
+        );
+    }
+
+    // The URL form authenticates the same way.
+    let by_url = dlock::ZookeeperBackend::connect(&format!(
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD}@{}",
+        server.hosts()
+    ))
+    .await
+    .expect("connect by URL with credentials");
+    let e = Lock::new("acl")
+        .with_backend(Arc::new(by_url.clone()))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_contended(),
+        "the URL backend sees the lock held: {e:?}"
+    );
+
+    let wrong = dlock::ZookeeperBackend::builder(&server.hosts())
+        .session_timeout(SESSION)
+        .digest_auth(DIGEST_USER, "not-the-password")
+        .build()
+        .await
+        .expect("ZooKeeper accepts any digest at connect; the ACLs refuse it");
+    let none = zk_backend(&server).await;
+    for (who, b) in [("wrong password", wrong), ("no credentials", none)] {
+        let b: Arc<dyn dlock::Backend> = Arc::new(b);
+        // Under an existing lock parent (held by the good user) and under a new name (the
+        // parent must be created in the root).
+        for name in ["acl", "acl-new"] {
+            let t = Instant::now();
+            let e = tokio::time::timeout(
+                Duration::from_secs(10),
+                Lock::new(name).with_backend(b.clone()).acquire(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{who}: acquire of {name} hung"))
+            .unwrap_err();
+            assert!(is_no_auth(&e), "{who}, {name}: expected NoAuth, got {e:?}");
+            assert!(
+                t.elapsed() < Duration::from_secs(3),
+                "{who}, {name}: refused only after {:?}",
+                t.elapsed()
+            );
+            let wait = Duration::from_millis(800);
+            let t = Instant::now();
+            let e = tokio::time::timeout(
+                Duration::from_secs(10),
+                Lock::new(name).with_backend(b.clone()).wait(wait).acquire(),
+            )
+            .await
+            .unwrap_or_else(|_| panic!("{who}: waiting acquire of {name} hung"))
+            .unwrap_err();
+            assert!(
+                matches!(e, dlock::LockError::TimedOut { .. }) || is_no_auth(&e),
+                "{who}, {name} with a wait: {e:?}"
+            );
+            assert!(
+                t.elapsed() < wait + Duration::from_millis(1500),
+                "{who}, {name}: gave up after {:?} (wait {wait:?})",
+                t.elapsed()
+            );
+        }
+    }
+    // Nothing queued by the refused backends; the new name's parent was never made.
+    assert_eq!(operator.list_children(&dir).await.unwrap().len(), 1);
+    assert_eq!(
+        operator
+            .check_stat(&good.lock_dir("acl-new"))
+            .await
+            .unwrap(),
+        None
+    );
+    g.release().await.unwrap();
+    // The URL backend (same identity) gets the lock after the release.
+    let g2 = Lock::new("acl")
+        .with_backend(Arc::new(by_url))
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("same identity by URL takes it after the release");
+    g2.release().await.unwrap();
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// One increment under the lock `rt`, a non-atomic read-modify-write with an await between.
+async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
+    use std::sync::atomic::Ordering::Relaxed;
+    let g = Lock::new("rt")
+        .with_backend(b.clone())
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("acquire `rt` within 5 s");
+    let v = counter.load(Relaxed);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    counter.store(v + 1, Relaxed);
+    g.release().await.expect("release `rt`");
+}
+
+/// Two tasks of one runtime share one `ZookeeperBackend` and take turns on one name (25 locked
+/// non-atomic increments each, default ttl 30 s, wait 5 s). A task that arrives while the other
+/// waits queues locally without a node of its own; before the fix, a release woke nobody, so
+/// the two ended up waiting for each other until the wait ran out (both `TimedOut`). The count
+/// is exact and nobody times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let backend: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let counter = Arc::new(AtomicU64::new(0));
+    let mut ts = Vec::new();
+    for _ in 0..2 {
+        let (b, c) = (backend.clone(), counter.clone());
+        ts.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                locked_increment(&b, &c).await;
+            }
+        }));
+    }
+    for t in ts {
+        t.await.unwrap();
+    }
+    assert_eq!(counter.load(Relaxed), 50, "lost updates");
+}
+
+/// The ZooKeeper twin of etcd_lock's cross-runtime test: one `ZookeeperBackend` built on runtime
+/// A, used from A and from runtime B on another thread (exact non-atomic count); then A shuts
+/// down while B keeps locking and holding a lock for three session timeouts.
+#[test]
+fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+    const ROUNDS: u64 = 25;
+    let server = ZkProc::start();
+    let rt_a = runtime(2);
+    let backend: Arc<dyn dlock::Backend> =
+        rt_a.block_on(async { Arc::new(zk_backend(&server).await) });
+    let counter = Arc::new(AtomicU64::new(0));
+    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
+    let thread_b = {
+        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
+        std::thread::spawn(move || {
+            let rt_b = runtime(1);
+            let r = rt_b.block_on(async move {
+                for _ in 0..ROUNDS {
+                    locked_increment(&b, &counter).await;
+                }
+                let held = Lock::new("held-b")
+                    .with_backend(b.clone())
+                    .acquire()
+                    .await
+                    .map_err(|e| format!("B takes held-b: {e}"))?;
+                let _ = phase1_tx.send(());
+                let started = Instant::now();
+                let mut n = 0u64;
+                loop {
+                    let down = *a_down.lock().unwrap();
+                    if down.is_some_and(|t| t.elapsed() >= SESSION * 3) {
+                        break;
+                    }
+                    if started.elapsed() > Duration::from_secs(60) {
+                        return Err("runtime A never shut down".to_string());
+                    }
+                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
+                        .await
+                        .map_err(|_| "a locked increment on B hung".to_string())?;
+                    n += 1;
+                }
+                if !held.is_valid() || held.lost_reason().is_some() {
+                    return Err(format!(
+                        "B's hold was lost after A shut down: {:?}",
+                        held.lost_reason()
+                    ));
+                }
+                held.release()
+                    .await
+                    .map_err(|e| format!("release held-b: {e}"))?;
+                Ok(n)
+            });
+            let _ = done_tx.send(r);
+        })
+    };
+    rt_a.block_on(async {
+        for _ in 0..ROUNDS {
+            locked_increment(&backend, &counter).await;
+        }
+    });
+    phase1_rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("B finished its first rounds");
+    drop(rt_a);
+    *a_down.lock().unwrap() = Some(Instant::now());
+    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
+        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            panic!("thread B did not finish within 90 s (hang)")
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
+        }
+    };
+    thread_b.join().expect("thread B");
+    assert!(n_b >= 5, "B locked only {n_b} times after A shut down");
+    assert_eq!(
+        counter.load(Relaxed),
+        2 * ROUNDS + n_b,
+        "lost updates: two holders overlapped"
+    );
+}

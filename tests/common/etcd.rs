@@ -35,6 +35,18 @@ pub struct EtcdMember {
     dir: TempDir,
     child: Option<Child>,
     paused: bool,
+    tls: Option<EtcdTls>,
+}
+
+/// TLS for a member: a second client URL, `https://127.0.0.1:<port>`, served with this
+/// certificate and key (PEM files). The plain client port stays, for the harness's health check.
+#[derive(Debug, Clone)]
+pub struct EtcdTls {
+    pub port: u16,
+    pub cert: std::path::PathBuf,
+    pub key: std::path::PathBuf,
+    /// Require a client certificate signed by this CA on the TLS port (`--client-cert-auth`).
+    pub client_ca: Option<std::path::PathBuf>,
 }
 
 /// A private etcd cluster (1 or 3 members).
@@ -80,9 +92,21 @@ impl EtcdMember {
             .append(true)
             .open(self.dir.path().join("etcd.log"))
             .map_err(|e| e.to_string())?;
-        let client = format!("http://127.0.0.1:{}", self.client_port);
+        let mut client = format!("http://127.0.0.1:{}", self.client_port);
         let peer = format!("http://127.0.0.1:{}", self.peer_port);
         let mut cmd = Command::new(etcd_bin());
+        if let Some(t) = &self.tls {
+            client.push_str(&format!(",https://127.0.0.1:{}", t.port));
+            cmd.arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key);
+            if let Some(ca) = &t.client_ca {
+                cmd.arg("--client-cert-auth")
+                    .arg("--trusted-ca-file")
+                    .arg(ca);
+            }
+        }
         cmd.args(["--name", &self.name])
             .arg("--data-dir")
             .arg(&data)
@@ -192,7 +216,19 @@ impl EtcdCluster {
         panic!("could not start an etcd cluster of {n}: {last}");
     }
 
+    /// A single member that also serves TLS (see [`EtcdTls`]); the port is given by the caller.
+    pub fn single_tls(tls: EtcdTls) -> EtcdCluster {
+        match Self::try_start_with(1, Some(tls)) {
+            Ok(c) => c,
+            Err(e) => panic!("could not start a TLS etcd: {e}"),
+        }
+    }
+
     fn try_start(n: usize) -> Result<EtcdCluster, String> {
+        Self::try_start_with(n, None)
+    }
+
+    fn try_start_with(n: usize, tls: Option<EtcdTls>) -> Result<EtcdCluster, String> {
         let members: Vec<EtcdMember> = (0..n)
             .map(|i| EtcdMember {
                 name: format!("m{i}"),
@@ -201,6 +237,7 @@ impl EtcdCluster {
                 dir: shm_dir(),
                 child: None,
                 paused: false,
+                tls: tls.clone(),
             })
             .collect();
         let initial_cluster = members

@@ -36,6 +36,7 @@ use etcd_client as etcd;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
 
+use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
@@ -94,7 +95,16 @@ impl EtcdBackendBuilder {
     #[cfg(feature = "tls")]
     pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
         let ca = etcd::Certificate::from_pem(pem);
-        self.tls = Some(etcd::TlsOptions::new().ca_certificate(ca));
+        self.tls = Some(self.tls.take().unwrap_or_default().ca_certificate(ca));
+        self
+    }
+
+    /// A client certificate and its private key (PEM) for servers that require one (etcd's
+    /// `--client-cert-auth`; feature `tls`). Combine with [`Self::tls_ca_pem`].
+    #[cfg(feature = "tls")]
+    pub fn tls_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        let id = etcd::Identity::from_pem(cert_pem, key_pem);
+        self.tls = Some(self.tls.take().unwrap_or_default().identity(id));
         self
     }
 
@@ -115,7 +125,10 @@ impl EtcdBackendBuilder {
             .with_keep_alive(Duration::from_secs(2), self.request_timeout)
             .with_require_leader(true);
         if let Some((u, p)) = &self.user {
-            opts = opts.with_user(u.clone(), p.clone());
+            // Tokens expire (etcd's `--auth-token-ttl`, 5 min by default): get a new one then.
+            opts = opts
+                .with_user(u.clone(), p.clone())
+                .with_auto_token_refresh(true);
         }
         #[cfg(feature = "tls")]
         if let Some(t) = &self.tls {
@@ -123,16 +136,26 @@ impl EtcdBackendBuilder {
         }
         let bound = self.connect_timeout.max(self.request_timeout);
         let eps = self.endpoints.clone();
-        let mut client =
-            match tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await {
-                Ok(Ok(c)) => c,
-                Ok(Err(e)) => return Err(be("", e)),
-                Err(_) => return Err(be("", "connecting to etcd timed out")),
-            };
+        // The client's channel (its tonic workers and connections) lives on the backend's own
+        // driver thread, not on the caller's runtime: see [`Driver`].
+        let driver = Driver::start("dlock-etcd")?;
+        let connect = driver.handle.spawn(async move {
+            tokio::time::timeout(bound, etcd::Client::connect(eps, Some(opts))).await
+        });
+        let mut client = match connect.await {
+            Ok(Ok(Ok(c))) => c,
+            Ok(Ok(Err(e))) => return Err(be("", e)),
+            Ok(Err(_)) => return Err(be("", "connecting to etcd timed out")),
+            Err(e) => return Err(be("", e)),
+        };
         // One read, so a wrong address or credentials fail here rather than at the first lock.
+        // A key inside the prefix: a user whose role grants only the prefix may read it.
         match tokio::time::timeout(
             bound,
-            client.get("/", Some(GetOptions::new().with_count_only())),
+            client.get(
+                format!("{}/", self.prefix),
+                Some(GetOptions::new().with_count_only()),
+            ),
         )
         .await
         {
@@ -145,6 +168,7 @@ impl EtcdBackendBuilder {
                 this: this.clone(),
                 cfg: self,
                 client,
+                driver,
                 holds: Mutex::new(HashMap::new()),
                 leases: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
@@ -203,6 +227,9 @@ struct PredWatch {
 struct Inner {
     cfg: EtcdBackendBuilder,
     client: etcd::Client,
+    /// The thread whose runtime runs the client's channel and this backend's own tasks (see
+    /// [`Driver`]).
+    driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
     waiters: Arc<WaitQueues>,
@@ -259,17 +286,30 @@ impl EtcdBackend {
         }
     }
 
-    /// Connects to `etcd://host:port[,host:port...]` with the default settings.
+    /// Connects to `etcd://[user:password@]host:port[,host:port...]` with the default
+    /// settings; `user:password` is [`EtcdBackendBuilder::user`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let rest = url.strip_prefix("etcd://").ok_or_else(|| {
-            LockError::Config(format!("an etcd URL starts with etcd://, got {url:?}"))
-        })?;
-        let eps: Vec<&str> = rest
-            .trim_end_matches('/')
-            .split(',')
-            .filter(|s| !s.is_empty())
-            .collect();
-        Self::builder(&eps).build().await
+        let rest = url
+            .strip_prefix("etcd://")
+            .ok_or_else(|| LockError::Config("an etcd URL starts with etcd://".to_string()))?;
+        let rest = rest.trim_end_matches('/');
+        let (userinfo, hosts) = match rest.rfind('@') {
+            Some(at) => match rest[..at].split_once(':') {
+                Some((u, p)) if !u.is_empty() => (Some((u, p)), &rest[at + 1..]),
+                _ => {
+                    return Err(LockError::Config(
+                        "the user part of an etcd URL must be `user:password@`".to_string(),
+                    ));
+                }
+            },
+            None => (None, rest),
+        };
+        let eps: Vec<&str> = hosts.split(',').filter(|s| !s.is_empty()).collect();
+        let mut b = Self::builder(&eps);
+        if let Some((u, p)) = userinfo {
+            b = b.user(u, p);
+        }
+        b.build().await
     }
 
     /// The key prefix of `name`'s contender keys (ends with `/`).
@@ -376,7 +416,9 @@ impl Inner {
         });
         self.leases().insert(lease.id, lease.clone());
         let me = Arc::downgrade(self);
-        tokio::spawn(keep_alive(me, lease.clone(), Instant::now()));
+        self.driver
+            .handle
+            .spawn(keep_alive(me, lease.clone(), Instant::now()));
         Ok(lease)
     }
 
@@ -597,17 +639,58 @@ impl Inner {
             })
             .unwrap_or(false);
         if !armed {
-            let opts = etcd::WatchOptions::new().with_start_revision(header_rev + 1);
-            let stream = self
-                .call(name, bound, |mut c| {
-                    let (k, o) = (pred.clone(), opts.clone());
-                    async move { c.watch(k, Some(o)).await }
-                })
-                .await?;
+            // A watch from a past revision (the store moved on since the read above, as it
+            // does under contention) is an "unsynced" watcher on the server, served by a
+            // background loop that runs every 100 ms: a hand-off could wait that long. A watch
+            // from now is served at once. So: watch from now, wait for the server's `created`
+            // answer (its revision), and when the store moved since the read, read the
+            // predecessor once: gone means it left in between (any later delete is an event).
+            let watched = async {
+                let mut stream = self
+                    .call(name, bound, |mut c| {
+                        let k = pred.clone();
+                        async move { c.watch(k, None).await }
+                    })
+                    .await?;
+                let created = match tokio::time::timeout(bound, stream.message()).await {
+                    Ok(Ok(Some(r))) if r.created() && !r.canceled() => {
+                        r.header().map_or(i64::MAX, |h| h.revision())
+                    }
+                    Ok(Err(e)) => return Err(be(name, e)),
+                    _ => return Err(be(name, "etcd watch on the predecessor was not created")),
+                };
+                let mut gone = false;
+                if created > header_rev {
+                    let k = pred.clone();
+                    let r = self
+                        .call(name, bound, |mut c| {
+                            let k = k.clone();
+                            async move { c.get(k, Some(GetOptions::new().with_count_only())).await }
+                        })
+                        .await?;
+                    gone = r.count() == 0;
+                }
+                Ok((stream, gone))
+            };
+            let (stream, gone) = match watched.await {
+                Ok(v) => v,
+                Err(e) => {
+                    // Not left queued under an owner id the caller is about to drop.
+                    self.abandon(&hk, bound).await;
+                    return Err(e);
+                }
+            };
             let me = Arc::downgrade(self);
             let wname = name.to_string();
-            let fired = Arc::new(AtomicBool::new(false));
-            let task = tokio::spawn(watch_predecessor(me, stream, wname, fired.clone()));
+            let fired = Arc::new(AtomicBool::new(gone));
+            if gone {
+                // The caller retries at once.
+                while self.waiters.wake_one(name) {}
+            }
+            let task =
+                self.driver
+                    .handle
+                    .spawn(watch_predecessor(me, stream, wname, fired.clone()));
             let mut holds = self.holds();
             match holds.get_mut(&hk) {
                 Some(h) => {
@@ -697,7 +780,7 @@ impl Inner {
         }
         let linger = self.cfg.request_timeout;
         let c = self.client.clone();
-        tokio::spawn(async move {
+        self.driver.handle.spawn(async move {
             tokio::time::sleep(linger).await;
             let mut c = c;
             let _ = tokio::time::timeout(linger, c.delete(marker, None)).await;
@@ -739,15 +822,24 @@ impl Inner {
                     async move { c.delete(k, None).await }
                 })
                 .await;
-            let mut u = lease.users();
-            *u = u.saturating_sub(1);
+            {
+                let mut u = lease.users();
+                *u = u.saturating_sub(1);
+            }
+            // A waiter of this process that queued behind local waiters without a key of its
+            // own (the lock loop does not barge past them) watches nothing: wake one so it
+            // tries, rather than wait for the holder's ttl.
+            me.waiters.wake_one(&name_s);
             r.map(|d| d.deleted() > 0)
         };
         if !held {
             if h.rev == 0 {
                 self.delete_unconfirmed(name, &h.key, &h.lease, bound).await;
-                let mut u = h.lease.users();
-                *u = u.saturating_sub(1);
+                {
+                    let mut u = h.lease.users();
+                    *u = u.saturating_sub(1);
+                }
+                self.waiters.wake_one(name);
             } else {
                 let _ = delete.await;
             }
@@ -755,7 +847,7 @@ impl Inner {
         }
         match keep_for {
             Some(k) if !k.is_zero() => {
-                tokio::spawn(async move {
+                self.driver.handle.spawn(async move {
                     tokio::time::sleep(k).await;
                     if let Err(e) = delete.await {
                         tracing::warn!(error = %e, "dlock: deleting an etcd lock key after keep_for failed; its lease ends it");

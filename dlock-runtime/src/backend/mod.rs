@@ -12,6 +12,8 @@ use crate::LockError;
 
 #[cfg(feature = "cluster")]
 pub(crate) mod cluster;
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+pub(crate) mod driver;
 #[cfg(feature = "etcd")]
 pub(crate) mod etcd;
 pub(crate) mod memory;

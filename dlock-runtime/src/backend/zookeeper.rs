@@ -25,17 +25,33 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
+use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
 /// Builder of a [`ZookeeperBackend`].
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ZookeeperBackendBuilder {
     hosts: String,
     root: String,
     session_timeout: Duration,
     request_timeout: Duration,
+    /// `(user, password)` for ZooKeeper's `digest` scheme.
+    digest: Option<(String, String)>,
+}
+
+impl std::fmt::Debug for ZookeeperBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the password.
+        f.debug_struct("ZookeeperBackendBuilder")
+            .field("hosts", &self.hosts)
+            .field("root", &self.root)
+            .field("session_timeout", &self.session_timeout)
+            .field("request_timeout", &self.request_timeout)
+            .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .finish()
+    }
 }
 
 impl ZookeeperBackendBuilder {
@@ -58,6 +74,32 @@ impl ZookeeperBackendBuilder {
         self
     }
 
+    /// Authenticates every session with ZooKeeper's `digest` scheme (`user:password`, sent at
+    /// session start and again on every reconnect). The nodes this backend creates (lock
+    /// parents and contender nodes) then carry the `auth` ACL (`creator_all`: all permissions for
+    /// this digest identity only) instead of `world:anyone`, so other identities can neither
+    /// queue under the same names nor delete the nodes.
+    ///
+    /// The root itself is not created with a restrictive ACL by dlock; to keep other identities
+    /// out of it, create it beforehand with an ACL for this user (for example
+    /// `setAcl /dlock digest:user:<base64 sha1(user:password)>:cdrwa`). A backend whose
+    /// identity lacks a permission it needs gets [`LockError::Backend`] with the server's
+    /// `NoAuth` as source (no retry, no orphan node). A digest with a wrong password is not
+    /// refused at connect by ZooKeeper: it is simply another identity, refused by the ACLs.
+    pub fn digest_auth(mut self, user: &str, password: &str) -> Self {
+        self.digest = Some((user.to_string(), password.to_string()));
+        self
+    }
+
+    /// The ACL of the nodes this backend creates (see [`Self::digest_auth`]).
+    fn node_acls(&self) -> zk::Acls<'static> {
+        if self.digest.is_some() {
+            zk::Acls::creator_all()
+        } else {
+            zk::Acls::anyone_all()
+        }
+    }
+
     /// Connects (bounded by the request timeout).
     pub async fn build(self) -> Result<ZookeeperBackend, LockError> {
         if !self.root.starts_with('/') || self.root.len() < 2 {
@@ -66,8 +108,10 @@ impl ZookeeperBackendBuilder {
                 self.root
             )));
         }
-        let session =
-            Session::open(&self.hosts, self.session_timeout, self.request_timeout).await?;
+        // The client's session task and every task of this backend run on its own driver
+        // thread, so it survives the shutdown of any caller's runtime (see `Driver`).
+        let driver = Driver::start("dlock-zk")?;
+        let session = Session::open(&self, &driver.handle).await?;
         Ok(ZookeeperBackend {
             inner: Arc::new(Inner {
                 cfg: self,
@@ -75,14 +119,24 @@ impl ZookeeperBackendBuilder {
                 holds: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
                 notifications: Default::default(),
+                driver,
             }),
         })
     }
 }
 
-async fn connect(hosts: &str, session: Duration, bound: Duration) -> Result<zk::Client, LockError> {
+async fn connect(cfg: &ZookeeperBackendBuilder) -> Result<zk::Client, LockError> {
+    let (hosts, bound) = (&cfg.hosts, cfg.request_timeout);
     let mut connector = zk::Client::connector();
-    connector.session_timeout(session).connection_timeout(bound);
+    connector
+        .session_timeout(cfg.session_timeout)
+        .connection_timeout(bound);
+    if let Some((user, password)) = &cfg.digest {
+        connector.auth(
+            "digest".to_string(),
+            format!("{user}:{password}").into_bytes(),
+        );
+    }
     let fut = connector.connect(hosts);
     match tokio::time::timeout(bound, fut).await {
         Ok(Ok(c)) => Ok(c),
@@ -104,13 +158,20 @@ struct Session {
 impl Session {
     /// Connects and starts the session-state watcher: a terminal state cancels `gone`, which
     /// every guard of this session listens to (`lost()` at once, not at the guard's deadline).
-    async fn open(hosts: &str, session: Duration, bound: Duration) -> Result<Session, LockError> {
-        let client = connect(hosts, session, bound).await?;
+    async fn open(
+        cfg: &ZookeeperBackendBuilder,
+        driver: &tokio::runtime::Handle,
+    ) -> Result<Session, LockError> {
+        let c = cfg.clone();
+        let client = driver
+            .spawn(async move { connect(&c).await })
+            .await
+            .map_err(|e| be("", e))??;
         let gone = CancellationToken::new();
         let mut states = client.state_watcher();
         let id = client.session_id().0;
         let ended = gone.clone();
-        tokio::spawn(async move {
+        driver.spawn(async move {
             loop {
                 tokio::select! {
                     _ = ended.cancelled() => return,
@@ -182,12 +243,34 @@ struct Inner {
     waiters: Arc<WaitQueues>,
     /// Predecessor-watch notifications received (for tests and metrics).
     notifications: std::sync::atomic::AtomicU64,
+    /// The thread whose runtime runs the sessions and this backend's own tasks (last: dropped
+    /// after the session).
+    driver: Driver,
 }
 
 /// Locks on ZooKeeper (feature `zookeeper`). See the module documentation for the protocol.
 #[derive(Debug, Clone)]
 pub struct ZookeeperBackend {
     inner: Arc<Inner>,
+}
+
+/// `(user, password)` from a URL.
+type UserPass<'a> = (&'a str, &'a str);
+
+/// Splits `user:password@rest` (the `@` before the first `/`); no user part leaves `rest`
+/// whole. Errors never contain the password.
+fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let Some(at) = rest[..authority_end].rfind('@') else {
+        return Ok((None, rest));
+    };
+    let (info, hosts) = (&rest[..at], &rest[at + 1..]);
+    match info.split_once(':') {
+        Some((user, password)) if !user.is_empty() => Ok((Some((user, password)), hosts)),
+        _ => Err(LockError::Config(
+            "the user part of the URL must be `user:password@`".to_string(),
+        )),
+    }
 }
 
 fn seq_of(child: &str) -> Option<i64> {
@@ -215,15 +298,22 @@ impl ZookeeperBackend {
             root: "/dlock".to_string(),
             session_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
+            digest: None,
         }
     }
 
-    /// Connects to `zk://host:port[,host:port...][/chroot]` with the default settings.
+    /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` with the default
+    /// settings; `user:password` is [`ZookeeperBackendBuilder::digest_auth`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let hosts = url.strip_prefix("zk://").ok_or_else(|| {
-            LockError::Config(format!("a ZooKeeper URL starts with zk://, got {url:?}"))
-        })?;
-        Self::builder(hosts).build().await
+        let rest = url
+            .strip_prefix("zk://")
+            .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
+        let (userinfo, hosts) = split_userinfo(rest)?;
+        let mut b = Self::builder(hosts);
+        if let Some((user, password)) = userinfo {
+            b = b.digest_auth(user, password);
+        }
+        b.build().await
     }
 
     /// The directory of `name`'s contender nodes.
@@ -289,12 +379,7 @@ impl Inner {
         if !old.ended() {
             return Ok(old.client);
         }
-        let fresh = Session::open(
-            &self.cfg.hosts,
-            self.cfg.session_timeout,
-            self.cfg.request_timeout,
-        )
-        .await?;
+        let fresh = Session::open(&self.cfg, &self.driver.handle).await?;
         let mut cur = self.session();
         if cur.id != old.id && !cur.ended() {
             // Another caller replaced it meanwhile: keep theirs, close ours.
@@ -351,13 +436,13 @@ impl Inner {
                 watching: false,
             },
         );
-        let opts = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
         for _ in 0..3 {
             match tokio::time::timeout(self.cfg.request_timeout, c.create(&path, b"", &opts)).await
             {
                 Ok(Ok((stat, seq))) => return Ok((format!("{path}{seq}"), stat.czxid as u64)),
                 Ok(Err(zk::Error::NoNode)) => {
-                    let parent = zk::CreateMode::Container.with_acls(zk::Acls::anyone_all());
+                    let parent = zk::CreateMode::Container.with_acls(self.cfg.node_acls());
                     match self.bounded(name, c.mkdir(dir, &parent)).await {
                         Ok(()) => {}
                         Err(LockError::Backend { source, .. })
@@ -367,6 +452,12 @@ impl Inner {
                             ) => {}
                         Err(e) => return Err(e),
                     }
+                }
+                Ok(Err(
+                    e @ (zk::Error::NoAuth | zk::Error::InvalidAcl | zk::Error::AuthFailed),
+                )) => {
+                    // Refused: nothing was created, nothing to clean up.
+                    return Err(be(name, e));
                 }
                 Ok(Err(e)) => {
                     // Any other error (connection loss, the client's own timeout, ...) may
@@ -480,7 +571,7 @@ impl Inner {
                 Ok((Some(_), w)) => {
                     let me = Arc::clone(self);
                     let name = name.to_string();
-                    tokio::spawn(async move {
+                    self.driver.handle.spawn(async move {
                         let _ = w.changed().await;
                         me.notifications
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -548,7 +639,7 @@ impl Inner {
         }
         let me = Arc::clone(self);
         let (name, dir, prefix) = (name.to_string(), dir.to_string(), prefix.to_string());
-        tokio::spawn(async move {
+        self.driver.handle.spawn(async move {
             let give_up = tokio::time::Instant::now() + me.cfg.session_timeout * 10;
             loop {
                 tokio::time::sleep(Duration::from_millis(250)).await;
@@ -607,7 +698,7 @@ impl Inner {
             let path = h.path.clone();
             let name = name.to_string();
             async move {
-                match me.bounded(&name, c.delete(&path, None)).await {
+                let r = match me.bounded(&name, c.delete(&path, None)).await {
                     Ok(()) => Ok(()),
                     Err(LockError::Backend { source, .. })
                         if matches!(
@@ -621,7 +712,13 @@ impl Inner {
                         tracing::warn!(error = %e, "dlock: deleting a ZooKeeper lock node failed");
                         Err(())
                     }
-                }
+                };
+                // A waiter of this process that queued behind local waiters without a node of
+                // its own (the lock loop does not barge past them) watches nothing: wake one so
+                // it tries. Without this, two tasks sharing a backend could each wait for the
+                // other until their deadlines.
+                me.waiters.wake_one(&name);
+                r
             }
         };
         if !h.held {
@@ -630,6 +727,7 @@ impl Inner {
                 // request is sent after the create on the same session, so it sees it).
                 let (dir, prefix) = h.path.rsplit_once('/').unwrap_or(("", ""));
                 self.clean_orphan(name, &c, dir, prefix, h.session).await;
+                self.waiters.wake_one(name);
                 return Ok(Released::NotOwner);
             }
             let _ = delete.await;
@@ -640,7 +738,7 @@ impl Inner {
         }
         match keep_for {
             Some(k) if !k.is_zero() => {
-                tokio::spawn(async move {
+                self.driver.handle.spawn(async move {
                     tokio::time::sleep(k).await;
                     let _ = delete.await;
                 });
