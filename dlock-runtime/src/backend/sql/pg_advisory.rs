@@ -467,6 +467,16 @@ impl Advisory {
     }
 }
 
+/// The first column of the first row of a simple-protocol reply.
+fn first_value(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<String, DynError> {
+    msgs.into_iter()
+        .find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+            _ => None,
+        })
+        .ok_or_else(|| DynError::from("no row in the reply"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,14 +491,4 @@ mod tests {
         assert_ne!(advisory_key("t1", "x"), advisory_key("t2", "x"));
         assert_ne!(advisory_key("ab", "c"), advisory_key("a", "bc"));
     }
-}
-
-/// The first column of the first row of a simple-protocol reply.
-fn first_value(msgs: Vec<tokio_postgres::SimpleQueryMessage>) -> Result<String, DynError> {
-    msgs.into_iter()
-        .find_map(|m| match m {
-            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-            _ => None,
-        })
-        .ok_or_else(|| DynError::from("no row in the reply"))
 }
