@@ -269,9 +269,7 @@ impl Lock {
             let w = match deadline {
                 Some(d) => match tokio::time::timeout_at(d, fut).await {
                     Ok(w) => w?,
-                    Err(_) => {
-                        return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
-                    }
+                    Err(_) => return Err(self.timed_out(started, remaining, last_err)),
                 },
                 None => fut.await?,
             };
@@ -307,12 +305,7 @@ impl Lock {
                             // gives it back, so a timed-out acquire never leaves a hold (or an
                             // inflated count) behind.
                             Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
-                                return Err(self.timed_out(
-                                    started,
-                                    remaining,
-                                    last_err,
-                                    watch.as_ref(),
-                                ));
+                                return Err(self.timed_out(started, remaining, last_err));
                             }
                             // A single try times out as a late grant does.
                             Err(_) if self.wait.is_zero() => {
@@ -432,7 +425,7 @@ impl Lock {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
+                return Err(self.timed_out(started, remaining, last_err));
             }
             let Some(w) = &watch else {
                 // Subscribe, then retry at once: a release between the failed try and the
@@ -441,14 +434,7 @@ impl Lock {
                 let w = match deadline {
                     Some(d) => match tokio::time::timeout_at(d, fut).await {
                         Ok(w) => w?,
-                        Err(_) => {
-                            return Err(self.timed_out(
-                                started,
-                                remaining,
-                                last_err,
-                                watch.as_ref(),
-                            ));
-                        }
+                        Err(_) => return Err(self.timed_out(started, remaining, last_err)),
                     },
                     None => fut.await?,
                 };
@@ -494,7 +480,6 @@ impl Lock {
         started: Instant,
         remaining: Option<Duration>,
         last_err: Option<LockError>,
-        watch: Option<&Watch>,
     ) -> LockError {
         if let Some(e) = last_err {
             return e;
@@ -502,20 +487,9 @@ impl Lock {
         LockError::TimedOut {
             key: self.name.clone(),
             waited: started.elapsed(),
-            // A waiter queued behind another may end before a try of its own reported the
-            // holder's lease; the queue knows it.
-            retry_after: remaining.or_else(|| lease_left(watch)),
+            retry_after: remaining,
         }
     }
-}
-
-/// What is left of the current holder's lease as this name's local queue knows it (a waiter that
-/// queued behind another one may time out before a try of its own reported it).
-fn lease_left(watch: Option<&Watch>) -> Option<Duration> {
-    let left = watch?
-        .lease_end()?
-        .saturating_duration_since(Instant::now());
-    (!left.is_zero()).then_some(left)
 }
 
 /// One try, with a drop guard: when the caller stops waiting for it (a wait deadline, a
