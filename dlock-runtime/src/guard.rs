@@ -550,34 +550,52 @@ type ReleaseFuture = std::pin::Pin<Box<dyn Future<Output = Result<Released, Lock
 /// [`give_back_bound`], and logs a failure.
 struct PendingRelease {
     hold: Arc<Hold>,
-    fut: Option<ReleaseFuture>,
+    call: Option<Call>,
+}
+
+/// A release future with what is needed to send it again: a future once polled on a runtime
+/// holds that runtime's timers and cannot be finished on another one.
+struct Call {
+    fut: ReleaseFuture,
+    polled: Arc<std::sync::atomic::AtomicBool>,
+    keep: Option<Duration>,
+    all: bool,
 }
 
 impl PendingRelease {
     fn new(hold: Arc<Hold>, keep: Option<Duration>, all: bool) -> Self {
         let h = hold.clone();
-        let fut: ReleaseFuture =
-            Box::pin(async move { h.backend.release(&h.name, &h.owner, keep, all).await });
+        let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let p = polled.clone();
+        let fut: ReleaseFuture = Box::pin(async move {
+            p.store(true, std::sync::atomic::Ordering::Release);
+            h.backend.release(&h.name, &h.owner, keep, all).await
+        });
         PendingRelease {
             hold,
-            fut: Some(fut),
+            call: Some(Call {
+                fut,
+                polled,
+                keep,
+                all,
+            }),
         }
     }
 
     fn future(&mut self) -> &mut ReleaseFuture {
-        self.fut.as_mut().expect("release future taken")
+        &mut self.call.as_mut().expect("release future taken").fut
     }
 
     /// The reply was read: nothing left to do on drop.
     fn done(&mut self) {
-        self.fut = None;
+        self.call = None;
     }
 }
 
 impl Drop for PendingRelease {
     fn drop(&mut self) {
-        if let Some(fut) = self.fut.take() {
-            give_back_in_background(self.hold.clone(), fut);
+        if let Some(call) = self.call.take() {
+            give_back_in_background(self.hold.clone(), call);
         }
     }
 }
@@ -593,20 +611,20 @@ pub(crate) fn give_back_bound(ttl: Duration) -> Duration {
 /// On a runtime that is shutting down the spawned task never runs: its drop guard then gives
 /// back on a helper thread with a runtime of its own, and waits for it at most
 /// [`SHUTDOWN_GIVE_BACK`]. Outside any runtime the helper thread is used directly.
-fn give_back_in_background(hold: Arc<Hold>, fut: ReleaseFuture) {
+fn give_back_in_background(hold: Arc<Hold>, call: Call) {
     let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        give_back_on_a_thread(hold, fut);
+        give_back_on_a_thread(hold, call);
         return;
     };
     let mut task = Unfinished {
         hold,
-        fut: Some(fut),
+        call: Some(call),
     };
     rt.spawn(async move {
         let bound = give_back_bound(task.hold.ttl());
-        let fut = task.fut.as_mut().expect("set until finished");
+        let fut = &mut task.call.as_mut().expect("set until finished").fut;
         let r = tokio::time::timeout(bound, fut).await;
-        task.fut = None;
+        task.call = None;
         match r {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => {
@@ -626,20 +644,34 @@ pub(crate) const SHUTDOWN_GIVE_BACK: Duration = Duration::from_secs(1);
 /// A background release whose task was dropped before it finished (its runtime shut down).
 struct Unfinished {
     hold: Arc<Hold>,
-    fut: Option<ReleaseFuture>,
+    call: Option<Call>,
 }
 
 impl Drop for Unfinished {
     fn drop(&mut self) {
-        if let Some(fut) = self.fut.take() {
-            give_back_on_a_thread(self.hold.clone(), fut);
+        if let Some(call) = self.call.take() {
+            give_back_on_a_thread(self.hold.clone(), call);
         }
     }
 }
 
 /// Runs the release on a new thread with its own runtime, bounded by [`SHUTDOWN_GIVE_BACK`],
-/// and waits for it as long; logs what could not be given back.
-fn give_back_on_a_thread(hold: Arc<Hold>, fut: ReleaseFuture) {
+/// and waits for it as long; logs what could not be given back. A call already polled on the
+/// runtime that is going away holds that runtime's timers and is not polled again: an outermost
+/// release is sent anew (giving back every hold is idempotent); an inner one is left to the
+/// outermost release, which deletes the lock whatever its count.
+fn give_back_on_a_thread(hold: Arc<Hold>, call: Call) {
+    let fut = if !call.polled.load(std::sync::atomic::Ordering::Acquire) {
+        call.fut
+    } else if call.all {
+        drop(call.fut);
+        let h = hold.clone();
+        let keep = call.keep;
+        Box::pin(async move { h.backend.release(&h.name, &h.owner, keep, true).await })
+    } else {
+        tracing::debug!(key = %hold.name, "dlock: an inner release was cut off by its runtime's shutdown; the outermost release clears its count");
+        return;
+    };
     let (tx, rx) = std::sync::mpsc::channel();
     let name = hold.name.clone();
     let spawned = std::thread::Builder::new()
