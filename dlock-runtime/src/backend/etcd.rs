@@ -390,6 +390,34 @@ impl Inner {
         }
     }
 
+    /// Deletes one of this backend's own lock keys; true when it is gone by this call. A delete
+    /// of a key is idempotent, so unlike [`Inner::call`] it is retried within `bound` after any
+    /// unavailable member or broken transport, also when the request may have been applied (a
+    /// member killed mid-call): a retry that then finds nothing to delete counts as deleted,
+    /// as only this backend writes the key and its lease's end would have made the hold lost.
+    async fn delete_own_key(
+        &self,
+        name: &str,
+        key: &str,
+        bound: Duration,
+    ) -> Result<bool, LockError> {
+        self.requests.fetch_add(1, Ordering::Relaxed);
+        let deadline = Instant::now() + bound;
+        let mut maybe_applied = false;
+        loop {
+            let mut c = self.client.clone();
+            match tokio::time::timeout_at(deadline, c.delete(key, None)).await {
+                Ok(Ok(d)) => return Ok(d.deleted() > 0 || maybe_applied),
+                Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
+                    maybe_applied |= !not_sent(&e);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                Ok(Err(e)) => return Err(be(name, e)),
+                Err(_) => return Err(be(name, "etcd request timed out")),
+            }
+        }
+    }
+
     /// A live lease for `secs`, granted when there is none; its user count is incremented.
     async fn lease_for(self: &Arc<Self>, name: &str, secs: i64) -> Result<Arc<Lease>, LockError> {
         {
@@ -816,12 +844,7 @@ impl Inner {
         let lease = h.lease.clone();
         let name_s = name.to_string();
         let delete = async move {
-            let r = me
-                .call(&name_s, bound, |mut c| {
-                    let k = key.clone();
-                    async move { c.delete(k, None).await }
-                })
-                .await;
+            let r = me.delete_own_key(&name_s, &key, bound).await;
             {
                 let mut u = lease.users();
                 *u = u.saturating_sub(1);
@@ -830,7 +853,7 @@ impl Inner {
             // own (the lock loop does not barge past them) watches nothing: wake one so it
             // tries, rather than wait for the holder's ttl.
             me.waiters.wake_one(&name_s);
-            r.map(|d| d.deleted() > 0)
+            r
         };
         if !held {
             if h.rev == 0 {
@@ -962,6 +985,15 @@ const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
 /// True for an error that means the request never reached a server (no connection to the
 /// endpoint it was routed to), so sending it again is safe.
+/// A member that is down or a broken transport: the request may or may not have been applied.
+fn unavailable(e: &etcd::Error) -> bool {
+    match e {
+        etcd::Error::GRpcStatus(s) => i32::from(s.code()) == 14, // UNAVAILABLE
+        etcd::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
 fn not_sent(e: &etcd::Error) -> bool {
     match e {
         etcd::Error::GRpcStatus(s) => {
