@@ -16,6 +16,7 @@
 )]
 #![doc(test(attr(deny(warnings))))]
 
+pub mod admin;
 mod backend;
 mod context;
 mod error;

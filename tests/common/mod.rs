@@ -677,6 +677,21 @@ impl Env {
         }
     }
 
+    /// The operator's view of this environment's store (`dlock::admin`), connected the way the
+    /// `dlock` CLI connects: from the store's address, not through the backend under test.
+    pub async fn admin(&self) -> Box<dyn dlock::admin::Admin> {
+        match self.kind {
+            Kind::Redis => Box::new(
+                dlock::admin::RedisAdmin::connect(&self.server().url())
+                    .await
+                    .expect("admin of the private redis-server"),
+            ),
+            Kind::Memory => panic!("the in-memory backend has no admin: it lives in one process"),
+            #[allow(unreachable_patterns)]
+            other => panic!("no admin for {other:?}"),
+        }
+    }
+
     /// Memory backend: number of names locked right now.
     pub fn memory_locked_count(&self) -> usize {
         self.mem.as_ref().expect("memory env").locked_count()

@@ -20,6 +20,8 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+
+pub(crate) mod admin;
 use crate::key::redis_keys;
 use crate::wait::WaitQueues;
 use crate::{LockError, scripts};

@@ -1,0 +1,447 @@
+//! [`Admin`] for one Redis server (also the building block of the Redlock, Sentinel and Cluster
+//! admins): reads the lock hashes `dlock:{E}` through [`redis_keys`], force-releases with an
+//! owner-checked script that publishes one wake-up, and watches the release channels plus, when
+//! the server has them on, keyspace notifications.
+
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use redis::aio::MultiplexedConnection;
+
+use super::redact_url;
+use crate::admin::{
+    Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching, bounded,
+    same_hold,
+};
+use crate::backend::BoxFuture;
+use crate::key::redis_keys;
+
+/// The operator's view of one Redis server (or one node of a Redlock set, or the master of a
+/// Sentinel group).
+#[derive(Debug, Clone)]
+pub struct RedisAdmin {
+    client: redis::Client,
+    conn: MultiplexedConnection,
+    shown: String,
+    db: i64,
+}
+
+/// Maps a redis-rs error: connection-level ones are [`AdminError::connect`]. redis-rs's messages
+/// do not contain the password.
+fn map(what: &str, e: redis::RedisError) -> AdminError {
+    if e.is_io_error()
+        || e.is_connection_dropped()
+        || e.is_connection_refusal()
+        || e.is_timeout()
+        || matches!(
+            e.kind(),
+            redis::ErrorKind::AuthenticationFailed | redis::ErrorKind::InvalidClientConfig
+        )
+    {
+        AdminError::connect(format!("{what}: {e}"))
+    } else {
+        AdminError::server(format!("{what}: {e}"))
+    }
+}
+
+async fn call<T>(
+    what: &str,
+    fut: impl Future<Output = redis::RedisResult<T>>,
+) -> Result<T, AdminError> {
+    bounded(what, async { fut.await.map_err(|e| map(what, e)) }).await
+}
+
+/// The lock name of a lock key `dlock:{E}`, or `None` for any other key (the fence key, a
+/// foreign key under `dlock:`, an escape the library never writes).
+pub(crate) fn name_of_key(key: &str) -> Option<String> {
+    let e = key.strip_prefix("dlock:{")?.strip_suffix('}')?;
+    if e.contains('}') {
+        return None;
+    }
+    let mut out = String::with_capacity(e.len());
+    let mut chars = e.chars();
+    while let Some(c) = chars.next() {
+        if c == '\\' {
+            match chars.next()? {
+                '\\' => out.push('\\'),
+                '(' => out.push('{'),
+                ')' => out.push('}'),
+                _ => return None,
+            }
+        } else if c == '{' {
+            return None;
+        } else {
+            out.push(c);
+        }
+    }
+    (!out.is_empty() && redis_keys(&out).lock == key).then_some(out)
+}
+
+/// A SCAN `MATCH` pattern for lock keys of names starting with `prefix`: the prefix escaped as
+/// the key rule escapes it, with glob characters quoted.
+fn scan_pattern(prefix: &str) -> String {
+    let key = redis_keys(prefix).lock; // dlock:{<escaped prefix>}
+    let inner = &key["dlock:{".len()..key.len() - 1];
+    let mut p = String::from("dlock:{");
+    for c in inner.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            p.push('\\');
+        }
+        p.push(c);
+    }
+    p.push_str("*}");
+    p
+}
+
+/// Deletes the lock if its current token (or, without one, owner) is the expected one, and
+/// publishes one wake-up. Returns -1 when the lock is gone, -2 when the hold changed, else the
+/// number of subscribers the wake-up reached.
+const UNLOCK_LUA: &str = r#"
+local fields = redis.call('HGETALL', KEYS[1])
+if #fields == 0 then return -1 end
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ':fence') ~= ARGV[2] then return -2 end
+if ARGV[3] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[3]) == 0 then return -2 end
+redis.call('DEL', KEYS[1])
+local n = redis.pcall('PUBLISH', ARGV[1], '1')
+if type(n) ~= 'number' then return 0 end
+return n
+"#;
+
+/// HGETALL, PTTL, PUBSUB NUMSUB.
+type LockReply = (Vec<(String, String)>, i64, Vec<(String, i64)>);
+
+impl RedisAdmin {
+    /// Connects to the server at `url` (`redis://[user[:password]@]host[:port][/db]`,
+    /// `rediss://` with the `tls` feature, `unix://`). The connection is checked here.
+    pub async fn connect(url: &str) -> Result<RedisAdmin, AdminError> {
+        let shown = redact_url(url);
+        let client = redis::Client::open(url).map_err(|e| {
+            AdminError::unsupported(format!(
+                "cannot use {shown}: {}",
+                e.detail().unwrap_or("invalid Redis URL")
+            ))
+        })?;
+        let db = client.get_connection_info().redis_settings().db();
+        let conn = call(
+            &format!("connecting to {shown}"),
+            client.get_multiplexed_async_connection(),
+        )
+        .await
+        // Every failure to connect (refused, DNS, TLS, AUTH) is a connection failure.
+        .map_err(|e| AdminError::connect(e.message))?;
+        Ok(RedisAdmin {
+            client,
+            conn,
+            shown,
+            db,
+        })
+    }
+
+    /// Reads one lock; `Ok(None)` when it is not held. A key of another type is an error.
+    pub(crate) async fn read(&self, name: &str) -> Result<Option<LockInfo>, AdminError> {
+        let keys = redis_keys(name);
+        let mut conn = self.conn.clone();
+        let (fields, pttl, numsub): LockReply = call(
+            &format!("reading lock `{name}` on {}", self.shown),
+            redis::pipe()
+                .hgetall(&keys.lock)
+                .pttl(&keys.lock)
+                .cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&keys.channel)
+                .query_async(&mut conn),
+        )
+        .await?;
+        if fields.is_empty() || pttl == -2 {
+            return Ok(None);
+        }
+        let mut info = LockInfo::new(name);
+        for (f, v) in fields {
+            if f == ":fence" {
+                info.token = v.parse().ok();
+            } else {
+                info.holders.push(Holder::new(f, v.parse().unwrap_or(0)));
+            }
+        }
+        info.holders.sort_by(|a, b| a.owner.cmp(&b.owner));
+        info.remaining = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
+        info.waiters = numsub.first().map(|(_, n)| (*n).max(0) as u64);
+        info.waiters_are = "processes subscribed to the release channel";
+        info.details = vec![
+            ("server".into(), self.shown.clone()),
+            ("lock key".into(), keys.lock),
+            ("fence key".into(), keys.fence),
+            ("release channel".into(), keys.channel),
+        ];
+        Ok(Some(info))
+    }
+
+    /// The names of the lock keys for names starting with `prefix`, and the number of keys in
+    /// the lock namespace that are not dlock locks.
+    pub(crate) async fn scan(&self, prefix: &str) -> Result<(Vec<String>, usize), AdminError> {
+        let mut conn = self.conn.clone();
+        let pattern = scan_pattern(prefix);
+        let mut names = Vec::new();
+        let mut skipped = 0usize;
+        let mut cursor: u64 = 0;
+        // Bounded: SCAN visits every key once per full pass; stop after a generous number of
+        // rounds even if a server kept returning cursors (it never should).
+        for _ in 0..1_000_000 {
+            let (next, keys): (u64, Vec<String>) = call(
+                &format!("scanning keys on {}", self.shown),
+                redis::cmd("SCAN")
+                    .arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000)
+                    .query_async(&mut conn),
+            )
+            .await?;
+            for k in keys {
+                match name_of_key(&k) {
+                    Some(n) if n.starts_with(prefix) => names.push(n),
+                    Some(_) => {}
+                    None => skipped += 1,
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        names.sort();
+        names.dedup();
+        Ok((names, skipped))
+    }
+
+    pub(crate) async fn force(
+        &self,
+        name: &str,
+        expected: Option<&LockInfo>,
+    ) -> Result<ForceReleased, AdminError> {
+        let Some(now) = self.read(name).await? else {
+            return Ok(ForceReleased::NotHeld);
+        };
+        if let Some(exp) = expected
+            && !same_hold(exp, &now)
+        {
+            return Ok(ForceReleased::Changed);
+        }
+        let keys = redis_keys(name);
+        // The script re-checks what was read, so a hand-over in between is not deleted.
+        let token = now.token.map(|t| t.to_string()).unwrap_or_default();
+        let owner = match (now.token, now.holders.as_slice()) {
+            (None, [one]) => one.owner.clone(),
+            _ => String::new(),
+        };
+        let mut conn = self.conn.clone();
+        let r: i64 = call(
+            &format!("unlocking `{name}` on {}", self.shown),
+            redis::Script::new(UNLOCK_LUA)
+                .key(&keys.lock)
+                .arg(&keys.channel)
+                .arg(&token)
+                .arg(&owner)
+                .invoke_async(&mut conn),
+        )
+        .await?;
+        Ok(match r {
+            -1 => ForceReleased::NotHeld,
+            -2 => ForceReleased::Changed,
+            n => ForceReleased::Released {
+                was: Box::new(now),
+                woke: Some(n.max(0) as u64),
+            },
+        })
+    }
+
+    /// Whether the server sends keyspace notifications for hash writes and expiries.
+    async fn keyspace_on(&self) -> bool {
+        let mut conn = self.conn.clone();
+        let flags: Vec<String> = call(
+            "CONFIG GET notify-keyspace-events",
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("notify-keyspace-events")
+                .query_async(&mut conn),
+        )
+        .await
+        .unwrap_or_default();
+        let f = flags.get(1).cloned().unwrap_or_default();
+        f.contains('K') && (f.contains('A') || (f.contains('h') && f.contains('x')))
+    }
+
+    pub(crate) async fn start_watch(&self, prefix: &str) -> Result<Watching, AdminError> {
+        let keyspace = self.keyspace_on().await;
+        let mut pubsub = call(
+            &format!("subscribing on {}", self.shown),
+            self.client.get_async_pubsub(),
+        )
+        .await?;
+        call("PSUBSCRIBE", pubsub.psubscribe("dlock:{*}:rel")).await?;
+        let ks_prefix = format!("__keyspace@{}__:", self.db);
+        if keyspace {
+            call(
+                "PSUBSCRIBE",
+                pubsub.psubscribe(format!("{ks_prefix}dlock:{{*}}")),
+            )
+            .await?;
+        }
+        let (tx, rx) = tokio::sync::mpsc::channel(1024);
+        let prefix = prefix.to_string();
+        let reader = self.clone();
+        tokio::spawn(async move {
+            let mut stream = pubsub.into_on_message();
+            loop {
+                let msg = tokio::select! {
+                    m = stream.next() => m,
+                    _ = tx.closed() => return,
+                };
+                let Some(msg) = msg else {
+                    let _ = tx
+                        .send(Err(AdminError::connect(format!(
+                            "{}: the server closed the subscription",
+                            reader.shown
+                        ))))
+                        .await;
+                    return;
+                };
+                let channel = msg.get_channel_name().to_string();
+                let (key, event) = if let Some(k) = channel.strip_prefix(&ks_prefix) {
+                    let ev: String = msg.get_payload().unwrap_or_default();
+                    (k.to_string(), ev)
+                } else if let Some(k) = channel.strip_suffix(":rel") {
+                    (k.to_string(), "release".to_string())
+                } else {
+                    continue;
+                };
+                let Some(name) = name_of_key(&key) else {
+                    continue;
+                };
+                if !name.starts_with(&prefix) {
+                    continue;
+                }
+                let ev = match event.as_str() {
+                    // The acquire script's HSET of a new hash; re-entries are HINCRBY.
+                    "hset" => {
+                        let now = reader.read(&name).await.ok().flatten();
+                        LockEvent::Acquired {
+                            owner: now.as_ref().and_then(|i| {
+                                i.holders
+                                    .iter()
+                                    .find(|h| h.holds > 0)
+                                    .map(|h| h.owner.clone())
+                            }),
+                            token: now.and_then(|i| i.token),
+                            name,
+                        }
+                    }
+                    "hincrby" => LockEvent::Other {
+                        name,
+                        what: "hold count changed (re-entry or inner release)".into(),
+                    },
+                    "release" => LockEvent::Released { name },
+                    "expired" => LockEvent::Expired { name },
+                    // DEL: the release message follows; PEXPIRE: renewals.
+                    _ => continue,
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Watching {
+            events: rx,
+            sees: if keyspace {
+                "acquisitions, releases and expiries (keyspace notifications)".into()
+            } else {
+                "releases only (release channels); enable keyspace notifications \
+                 (notify-keyspace-events Khx) to see acquisitions and expiries too"
+                    .into()
+            },
+            sees_acquisitions: keyspace,
+        })
+    }
+}
+
+impl Admin for RedisAdmin {
+    fn engine(&self) -> &'static str {
+        "redis"
+    }
+
+    fn target(&self) -> String {
+        self.shown.clone()
+    }
+
+    fn list<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Listing, AdminError>> {
+        Box::pin(async move {
+            let (names, mut skipped) = self.scan(prefix).await?;
+            let mut locks = Vec::new();
+            for n in &names {
+                match self.read(n).await {
+                    Ok(Some(i)) => locks.push(i),
+                    Ok(None) => {} // released meanwhile
+                    // A key of another type under a lock's name: not a dlock lock.
+                    Err(e) if e.kind == crate::admin::AdminErrorKind::Server => skipped += 1,
+                    Err(e) => return Err(e),
+                }
+            }
+            Ok(Listing::new(locks, skipped))
+        })
+    }
+
+    fn show<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, AdminError>> {
+        Box::pin(self.read(name))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        name: &'a str,
+        expected: Option<&'a LockInfo>,
+    ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
+        Box::pin(self.force(name, expected))
+    }
+
+    fn watch<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Watching, AdminError>> {
+        Box::pin(self.start_watch(prefix))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_names_round_trip_and_foreign_keys_are_rejected() {
+        for n in [
+            "order:42",
+            "a}b",
+            "{x}",
+            "back\\slash",
+            "a:fence",
+            "é",
+            "a*b?",
+        ] {
+            assert_eq!(name_of_key(&redis_keys(n).lock).as_deref(), Some(n));
+        }
+        for k in [
+            "dlock:{order:42}:fence",
+            "dlock:{a}b}",
+            "dlock:{}",
+            "other",
+            "dlock:{a\\x}",
+            "dlock:{a{b}",
+        ] {
+            assert_eq!(name_of_key(k), None, "{k}");
+        }
+    }
+
+    #[test]
+    fn scan_patterns_quote_glob_characters() {
+        assert_eq!(scan_pattern(""), "dlock:{*}");
+        assert_eq!(scan_pattern("order:"), "dlock:{order:*}");
+        assert_eq!(scan_pattern("a*b"), "dlock:{a\\*b*}");
+        assert_eq!(scan_pattern("x{y"), "dlock:{x\\\\(y*}");
+    }
+}
