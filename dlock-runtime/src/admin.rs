@@ -5,8 +5,8 @@
 //! Each engine family implements [`Admin`] in its own module under `backend/`; [`connect`]
 //! picks one from a URL, as the registry does (`redis://`, `rediss://`, `unix://`,
 //! `postgres://`, `mysql://`, `zk://`, `etcd://`, each behind its feature). Redlock, Redis
-//! Cluster and Sentinel take several URLs: [`connect_redlock`], [`connect_cluster`],
-//! [`connect_sentinel`].
+//! Cluster and Sentinel take several URLs: [`RedlockAdmin::connect`], `ClusterAdmin::connect`
+//! (feature `cluster`), `SentinelAdmin::connect` (feature `sentinel`).
 //!
 //! Every call to a server is bounded (5 s by default, [`CALL_TIMEOUT`]); an error says whether
 //! the server could not be reached ([`AdminErrorKind::Connect`]) or answered with an error
@@ -21,6 +21,7 @@ use std::time::Duration;
 use crate::backend::BoxFuture;
 
 pub use crate::backend::redis::admin::RedisAdmin;
+pub use crate::backend::redlock::admin::RedlockAdmin;
 
 /// The bound of each call the admin implementations make to a server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);

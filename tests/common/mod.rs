@@ -686,6 +686,11 @@ impl Env {
                     .await
                     .expect("admin of the private redis-server"),
             ),
+            Kind::Redlock => Box::new(
+                dlock::admin::RedlockAdmin::connect(redlock::urls(&self.nodes))
+                    .await
+                    .expect("admin of the Redlock nodes"),
+            ),
             Kind::Memory => panic!("the in-memory backend has no admin: it lives in one process"),
             #[allow(unreachable_patterns)]
             other => panic!("no admin for {other:?}"),

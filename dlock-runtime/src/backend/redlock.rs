@@ -21,6 +21,8 @@
 //!   on every node it freed, and those messages are merged so that one release wakes one local
 //!   waiter.
 
+pub(crate) mod admin;
+
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
