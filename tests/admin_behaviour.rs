@@ -177,6 +177,8 @@ async fn watch_reports_releases_and_acquisitions_under_its_prefix(env: Env) {
     let g = env.lock("adm:w:1").acquire().await.unwrap();
     let token = g.fencing_token();
     let x = env.lock("adm:x:1").acquire().await.unwrap();
+    // Held across a few polls of an engine whose watch lists the locks periodically.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     x.release().await.unwrap();
     g.release().await.unwrap();
     let mut events = Vec::new();
@@ -225,6 +227,15 @@ macro_rules! admin_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $t() {
                     super::$t(crate::common::Env::redlock(3).await).await
+                }
+            )*
+        }
+        #[cfg(feature = "cluster")]
+        mod on_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::cluster().await).await
                 }
             )*
         }

@@ -20,6 +20,8 @@ use std::time::Duration;
 
 use crate::backend::BoxFuture;
 
+#[cfg(feature = "cluster")]
+pub use crate::backend::cluster::admin::ClusterAdmin;
 pub use crate::backend::redis::admin::RedisAdmin;
 pub use crate::backend::redlock::admin::RedlockAdmin;
 
@@ -343,4 +345,78 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
             }))
         }
     }
+}
+
+/// A [`Watching`] built by listing the locks under `prefix` every `every` and reporting the
+/// differences: a new holder (name or token) is an [`LockEvent::Acquired`], a name gone is a
+/// [`LockEvent::Released`] (a release and an expiry look the same from outside). For engines,
+/// or server settings, without a change feed; changes shorter than `every` can be missed. The
+/// first listing is taken before this returns, so every change after it is seen.
+pub async fn poll_watch<A>(admin: A, prefix: &str, every: Duration) -> Result<Watching, AdminError>
+where
+    A: Admin + 'static,
+{
+    type Seen = std::collections::BTreeMap<String, Option<u64>>;
+    fn snapshot(l: Listing) -> (Seen, Vec<LockInfo>) {
+        let seen = l.locks.iter().map(|i| (i.name.clone(), i.token)).collect();
+        (seen, l.locks)
+    }
+    let (mut known, _) = snapshot(admin.list(prefix).await?);
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    let prefix = prefix.to_string();
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(every) => {}
+                _ = tx.closed() => return,
+            }
+            let listing = tokio::select! {
+                l = admin.list(&prefix) => l,
+                _ = tx.closed() => return,
+            };
+            let (now, locks) = match listing {
+                Ok(l) => snapshot(l),
+                Err(e) => {
+                    let _ = tx.send(Err(e)).await;
+                    return;
+                }
+            };
+            let mut events = Vec::new();
+            for name in known.keys() {
+                if !now.contains_key(name) {
+                    events.push(LockEvent::Released { name: name.clone() });
+                }
+            }
+            for l in locks {
+                match known.get(&l.name) {
+                    Some(t) if *t == l.token => continue,
+                    // Another hold since the last look: the old one was released.
+                    Some(_) => events.push(LockEvent::Released {
+                        name: l.name.clone(),
+                    }),
+                    None => {}
+                }
+                events.push(LockEvent::Acquired {
+                    owner: l.holders.first().map(|h| h.owner.clone()),
+                    token: l.token,
+                    name: l.name,
+                });
+            }
+            known = now;
+            for e in events {
+                if tx.send(Ok(e)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    Ok(Watching {
+        events: rx,
+        sees: format!(
+            "acquisitions and releases by listing every {} ms (a hold shorter than that can be \
+             missed; an expiry shows as a release)",
+            every.as_millis()
+        ),
+        sees_acquisitions: true,
+    })
 }

@@ -691,6 +691,12 @@ impl Env {
                     .await
                     .expect("admin of the Redlock nodes"),
             ),
+            #[cfg(feature = "cluster")]
+            Kind::Cluster => Box::new(
+                dlock::admin::ClusterAdmin::connect(self.cluster_set().urls())
+                    .await
+                    .expect("admin of the cluster"),
+            ),
             Kind::Memory => panic!("the in-memory backend has no admin: it lives in one process"),
             #[allow(unreachable_patterns)]
             other => panic!("no admin for {other:?}"),

@@ -3,6 +3,8 @@
 //!
 //! See [`ClusterBackend`].
 
+pub(crate) mod admin;
+
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};

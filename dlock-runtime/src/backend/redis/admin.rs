@@ -24,6 +24,8 @@ pub struct RedisAdmin {
     conn: MultiplexedConnection,
     shown: String,
     db: i64,
+    /// A Redis Cluster master: release channels are sharded (`SPUBLISH`, `PUBSUB SHARDNUMSUB`).
+    sharded: bool,
 }
 
 /// Maps a redis-rs error: connection-level ones are [`AdminError::connect`]. redis-rs's messages
@@ -102,7 +104,7 @@ if #fields == 0 then return -1 end
 if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], ':fence') ~= ARGV[2] then return -2 end
 if ARGV[3] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[3]) == 0 then return -2 end
 redis.call('DEL', KEYS[1])
-local n = redis.pcall('PUBLISH', ARGV[1], '1')
+local n = redis.pcall(ARGV[4], ARGV[1], '1')
 if type(n) ~= 'number' then return 0 end
 return n
 "#;
@@ -134,7 +136,19 @@ impl RedisAdmin {
             conn,
             shown,
             db,
+            sharded: false,
         })
+    }
+
+    /// This server as a Redis Cluster master (sharded release channels).
+    pub(crate) fn sharded(mut self) -> RedisAdmin {
+        self.sharded = true;
+        self
+    }
+
+    /// A connection to this server, for engine-specific commands.
+    pub(crate) fn conn(&self) -> MultiplexedConnection {
+        self.conn.clone()
     }
 
     /// Reads one lock; `Ok(None)` when it is not held. A key of another type is an error.
@@ -147,7 +161,11 @@ impl RedisAdmin {
                 .hgetall(&keys.lock)
                 .pttl(&keys.lock)
                 .cmd("PUBSUB")
-                .arg("NUMSUB")
+                .arg(if self.sharded {
+                    "SHARDNUMSUB"
+                } else {
+                    "NUMSUB"
+                })
                 .arg(&keys.channel)
                 .query_async(&mut conn),
         )
@@ -171,7 +189,15 @@ impl RedisAdmin {
             ("server".into(), self.shown.clone()),
             ("lock key".into(), keys.lock),
             ("fence key".into(), keys.fence),
-            ("release channel".into(), keys.channel),
+            (
+                if self.sharded {
+                    "release channel (sharded)"
+                } else {
+                    "release channel"
+                }
+                .into(),
+                keys.channel,
+            ),
         ];
         Ok(Some(info))
     }
@@ -243,6 +269,7 @@ impl RedisAdmin {
                 .arg(&keys.channel)
                 .arg(&token)
                 .arg(&owner)
+                .arg(if self.sharded { "SPUBLISH" } else { "PUBLISH" })
                 .invoke_async(&mut conn),
         )
         .await?;
@@ -342,6 +369,9 @@ impl RedisAdmin {
                         what: "hold count changed (re-entry or inner release)".into(),
                     },
                     "release" => LockEvent::Released { name },
+                    // A cluster's release channels are sharded and cannot be subscribed by
+                    // pattern: the release script's DEL stands for the release.
+                    "del" if reader.sharded => LockEvent::Released { name },
                     "expired" => LockEvent::Expired { name },
                     // DEL: the release message follows; PEXPIRE: renewals.
                     _ => continue,
