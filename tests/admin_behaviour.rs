@@ -249,3 +249,89 @@ admin_backends!(
     force_release_of_a_free_name_reports_not_held,
     watch_reports_releases_and_acquisitions_under_its_prefix,
 );
+
+/// Redis with keyspace notifications on: acquisitions come with their holder and token, and a
+/// lease that runs out without a release is reported as an expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
+    let env = Env::redis().await;
+    let mut con = env.server().admin_async().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kghx")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let admin = env.admin().await;
+    let mut w = admin.watch("ks:").await.expect("watch");
+    assert!(w.sees_acquisitions, "{}", w.sees);
+    let g = env.lock("ks:held").acquire().await.unwrap();
+    // A holder that never gives back (as if its process died): its lease runs out.
+    env.backend()
+        .try_acquire("ks:crashed", "crashed-owner", Duration::from_millis(300))
+        .await
+        .unwrap();
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while !events
+        .iter()
+        .any(|e| matches!(e, LockEvent::Expired { name } if name == "ks:crashed"))
+    {
+        match tokio::time::timeout_at(deadline, w.events.recv()).await {
+            Ok(Some(Ok(e))) => events.push(e),
+            other => panic!("no expiry event: {other:?}; events {events:?}"),
+        }
+    }
+    let held = events.iter().find_map(|e| match e {
+        LockEvent::Acquired { name, owner, token } if name == "ks:held" => Some((owner, token)),
+        _ => None,
+    });
+    let (owner, token) = held.unwrap_or_else(|| panic!("no acquisition event: {events:?}"));
+    assert_eq!(*token, Some(g.fencing_token()));
+    let shown = admin.show("ks:held").await.unwrap().unwrap();
+    assert_eq!(owner.as_deref(), Some(shown.holders[0].owner.as_str()));
+    assert!(events.iter().any(
+        |e| matches!(e, LockEvent::Acquired { name, owner, .. } if name == "ks:crashed" && owner.as_deref() == Some("crashed-owner"))
+    ));
+    g.release().await.unwrap();
+}
+
+/// Keys under `dlock:{` that are not dlock locks (another type at a lock's key, a key the
+/// library never writes) are counted as skipped, never listed; force-release does not touch a
+/// key of another type.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_foreign_keys_are_skipped_not_shown() {
+    let env = Env::redis().await;
+    let mut con = env.server().admin_async().await;
+    let _: () = redis::cmd("SET")
+        .arg(dlock::redis_keys("str").lock)
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("dlock:{a}b}")
+        .arg("x")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let g = env.lock("real").acquire().await.unwrap();
+    let admin = env.admin().await;
+    let l = admin.list("").await.expect("list");
+    let names: Vec<&str> = l.locks.iter().map(|i| i.name.as_str()).collect();
+    assert_eq!(names, ["real"]);
+    assert_eq!(l.skipped, 2);
+    let e = admin
+        .force_release("str", None)
+        .await
+        .expect_err("wrong type");
+    assert_eq!(e.kind, dlock::admin::AdminErrorKind::Server);
+    let v: String = redis::cmd("GET")
+        .arg(dlock::redis_keys("str").lock)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(v, "x");
+    g.release().await.unwrap();
+}

@@ -183,3 +183,49 @@ async fn init_sentinel_registers_and_bad_input_is_typed() {
     let r = dlock::init_sentinel("sentinel-bad", MASTER, ["not a url"]).await;
     assert!(matches!(r, Err(LockError::Config(_))), "{r:?}");
 }
+
+/// The operator's view through the sentinels: the admin finds the master they name and shows
+/// and force-releases the lock there; an unknown master name is a typed connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_finds_the_master_through_the_sentinels() {
+    use dlock::admin::{Admin, AdminErrorKind, ForceReleased, SentinelAdmin};
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let b = Arc::new(
+        SentinelBackend::connect(MASTER, set.sentinel_urls())
+            .await
+            .unwrap(),
+    );
+    let g = Lock::new("adm:sentinel")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let admin = SentinelAdmin::connect(MASTER, set.sentinel_urls(), None, 0)
+        .await
+        .expect("admin through the sentinels");
+    let port = set.master_port_now().expect("the sentinels name a master");
+    assert!(
+        admin.target().contains(&format!(":{port}")),
+        "{}",
+        admin.target()
+    );
+    let info = admin.show("adm:sentinel").await.unwrap().expect("held");
+    assert_eq!(info.token, Some(g.fencing_token()));
+    let r = admin
+        .force_release("adm:sentinel", Some(&info))
+        .await
+        .unwrap();
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    tokio::time::timeout(Duration::from_secs(10), g.lost())
+        .await
+        .expect("the evicted holder hears it");
+
+    let e = SentinelAdmin::connect("no-such-master", set.sentinel_urls(), None, 0)
+        .await
+        .expect_err("unknown master");
+    assert_eq!(e.kind, AdminErrorKind::Connect);
+    assert!(e.message.contains("no-such-master"), "{e}");
+}

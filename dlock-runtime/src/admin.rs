@@ -24,6 +24,8 @@ use crate::backend::BoxFuture;
 pub use crate::backend::cluster::admin::ClusterAdmin;
 pub use crate::backend::redis::admin::RedisAdmin;
 pub use crate::backend::redlock::admin::RedlockAdmin;
+#[cfg(feature = "sentinel")]
+pub use crate::backend::sentinel::admin::SentinelAdmin;
 
 /// The bound of each call the admin implementations make to a server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);

@@ -11,6 +11,8 @@
 //! fails with [`LockError::Backend`]. This narrows, but does not close, the window in which a
 //! failover to a replica that missed the grant loses the lock (replication stays asynchronous).
 
+pub(crate) mod admin;
+
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
