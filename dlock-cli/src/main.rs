@@ -1,29 +1,31 @@
 //! `dlock`: the operator's view of the locks on a backend.
 //!
 //! ```text
-//! dlock [--url URL] list [PATTERN] [--json]   held locks: owner, holds, remaining lease, token, waiters
-//! dlock [--url URL] show NAME [--json]        one lock in detail
-//! dlock [--url URL] unlock NAME [--yes]       force-release, wake one waiter per waiting process
-//! dlock [--url URL] watch [PATTERN]           live acquisitions and releases until Ctrl-C
+//! dlock [--url URL]... list [PATTERN] [--json]   held locks: owner, holds, remaining lease, token, waiters
+//! dlock [--url URL]... show NAME [--json]        one lock in detail
+//! dlock [--url URL]... unlock NAME [--yes]       force-release, wake one waiter
+//! dlock [--url URL]... watch [PATTERN]           live acquisitions and releases until Ctrl-C
 //! ```
 //!
-//! The URL comes from `--url` or `DLOCK_URL` (default `redis://127.0.0.1:6379`). Exit codes:
-//! 0 done, 1 unexpected server error, 2 usage, 3 not found, 4 refused (confirmation not given,
-//! or the holder changed), 5 connection failed (refused, timed out, authentication), 6 this
-//! backend or URL is not supported. The password of a URL is never printed.
+//! The URL comes from `--url` or `DLOCK_URL` (default `redis://127.0.0.1:6379`): every form the
+//! library's registry accepts (`redis://`, `rediss://`, `unix://`, and with this binary's
+//! features `postgres://`, `mysql://`, `zk://`, `etcd://`). Several `--url`s with `--redlock`
+//! are the nodes of a Redlock set; with `--cluster` the seeds of a Redis Cluster; with
+//! `--sentinel MASTER` the sentinels of a master (its credentials from `DLOCK_MASTER_USER` /
+//! `DLOCK_MASTER_PASSWORD`). Exit codes: 0 done, 1 unexpected server error, 2 usage, 3 not
+//! found, 4 refused (confirmation not given, or the holder changed), 5 connection failed
+//! (refused, timed out, authentication), 6 this backend or URL is not supported. No password
+//! is ever printed.
 
-use std::collections::BTreeMap;
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use futures_util::StreamExt;
-use redis::aio::MultiplexedConnection;
+use dlock_runtime::admin::{
+    self, Admin, AdminError, AdminErrorKind, ForceReleased, LockEvent, LockInfo,
+};
 use serde_json::json;
-
-/// Every call to the server is bounded by this.
-const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Parser, Debug)]
 #[command(
@@ -32,7 +34,9 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
     about = "Inspect and operate dlock locks on a backend"
 )]
 struct Cli {
-    /// Backend URL, `redis://[user[:password]@]host[:port][/db]`. The password is never printed.
+    /// Backend URL: redis://[user[:password]@]host[:port][/db], rediss://, unix://, postgres://,
+    /// mysql://, zk://, etcd:// (as the library's registry). Repeat for --redlock, --cluster,
+    /// --sentinel. The password is never printed.
     #[arg(
         long,
         env = "DLOCK_URL",
@@ -40,7 +44,17 @@ struct Cli {
         hide_env_values = true,
         global = true
     )]
-    url: String,
+    url: Vec<String>,
+    /// The URLs are the nodes of a Redlock set.
+    #[arg(long, global = true, conflicts_with_all = ["cluster", "sentinel"])]
+    redlock: bool,
+    /// The URLs are seeds of a Redis Cluster (feature `cluster`).
+    #[arg(long, global = true, conflicts_with = "sentinel")]
+    cluster: bool,
+    /// The URLs are Redis Sentinels; MASTER is the master's name (feature `sentinel`). The
+    /// master's credentials come from DLOCK_MASTER_USER / DLOCK_MASTER_PASSWORD.
+    #[arg(long, global = true, value_name = "MASTER")]
+    sentinel: Option<String>,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -63,8 +77,9 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Force-release a lock and wake one waiter in each waiting process. The evicted holder's
-    /// `lost()` fires at its next renewal (within ttl/3).
+    /// Force-release a lock (only if it is still the hold shown) and wake one waiter. The
+    /// evicted holder's `lost()` fires at its next renewal (within a third of its ttl) or, on
+    /// ZooKeeper and etcd, when it sees its node or key deleted.
     Unlock {
         /// The lock name.
         name: String,
@@ -82,31 +97,34 @@ enum Cmd {
 /// An error with its exit code.
 #[derive(Debug)]
 enum CliError {
-    Server(String),
+    Admin(AdminError),
     NotFound(String),
     Refused(String),
-    Connect(String),
-    Unsupported(String),
+}
+
+impl From<AdminError> for CliError {
+    fn from(e: AdminError) -> Self {
+        CliError::Admin(e)
+    }
 }
 
 impl CliError {
     fn code(&self) -> u8 {
         match self {
-            CliError::Server(_) => 1,
+            CliError::Admin(e) => match e.kind {
+                AdminErrorKind::Connect => 5,
+                AdminErrorKind::Unsupported => 6,
+                _ => 1,
+            },
             CliError::NotFound(_) => 3,
             CliError::Refused(_) => 4,
-            CliError::Connect(_) => 5,
-            CliError::Unsupported(_) => 6,
         }
     }
 
     fn message(&self) -> &str {
         match self {
-            CliError::Server(m)
-            | CliError::NotFound(m)
-            | CliError::Refused(m)
-            | CliError::Connect(m)
-            | CliError::Unsupported(m) => m,
+            CliError::Admin(e) => &e.message,
+            CliError::NotFound(m) | CliError::Refused(m) => m,
         }
     }
 }
@@ -132,220 +150,90 @@ fn main() -> ExitCode {
     }
 }
 
-/// A checked backend URL and its printable form.
-struct Target {
-    url: String,
-    shown: String,
-    db: i64,
-}
-
-/// The URL with its password replaced by `***`, for output.
-fn redact(u: &url::Url) -> String {
-    let mut u = u.clone();
-    if u.password().is_some() {
-        let _ = u.set_password(Some("***"));
+/// Connects the admin the options name.
+async fn connect(cli: &Cli) -> Result<Box<dyn Admin>, CliError> {
+    if let Some(master) = &cli.sentinel {
+        return sentinel(master, &cli.url).await;
     }
-    u.to_string()
-}
-
-fn parse_target(raw: &str) -> Result<Target, CliError> {
-    let u = url::Url::parse(raw).map_err(|e| {
-        CliError::Unsupported(format!(
-            "cannot parse the URL ({e}); expected redis://[user[:password]@]host[:port][/db]"
-        ))
-    })?;
-    let shown = redact(&u);
-    match u.scheme() {
-        "redis" | "rediss" | "redis+unix" | "unix" => {}
-        other => {
-            return Err(CliError::Unsupported(format!(
-                "`{other}://` URLs: not supported for this backend yet (the dlock CLI speaks \
-                 Redis only: redis://, rediss://, unix://); URL: {shown}"
-            )));
-        }
+    if cli.cluster {
+        return cluster(&cli.url).await;
     }
-    let db = u.path().trim_start_matches('/').parse::<i64>().unwrap_or(0);
-    Ok(Target {
-        url: raw.to_string(),
-        shown,
-        db,
-    })
-}
-
-async fn bounded<T, F>(what: &str, fut: F) -> Result<T, CliError>
-where
-    F: std::future::Future<Output = redis::RedisResult<T>>,
-{
-    match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-        Ok(Ok(v)) => Ok(v),
-        Ok(Err(e)) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout() => {
-            Err(CliError::Connect(format!("{what}: connection failed: {e}")))
-        }
-        Ok(Err(e)) => Err(CliError::Server(format!("{what}: {e}"))),
-        Err(_) => Err(CliError::Connect(format!(
-            "{what}: no reply within {CALL_TIMEOUT:?}"
+    if cli.redlock {
+        return Ok(Box::new(admin::RedlockAdmin::connect(&cli.url).await?));
+    }
+    match cli.url.as_slice() {
+        [one] => Ok(admin::connect(one).await?),
+        _ => Err(CliError::Admin(AdminError::unsupported(
+            "several --url values need --redlock, --cluster or --sentinel MASTER to say what they are",
         ))),
     }
 }
 
-async fn connect(t: &Target) -> Result<(redis::Client, MultiplexedConnection), CliError> {
-    let client = redis::Client::open(t.url.as_str()).map_err(|e| {
-        CliError::Unsupported(format!(
-            "cannot use {}: {}",
-            t.shown,
-            e.detail().unwrap_or("invalid URL")
-        ))
-    })?;
-    let conn =
-        match tokio::time::timeout(CALL_TIMEOUT, client.get_multiplexed_async_connection()).await {
-            Ok(Ok(c)) => c,
-            // Every failure to connect (refused, DNS, TLS, AUTH) is a connection failure; redis-rs's
-            // messages do not contain the password.
-            Ok(Err(e)) => {
-                return Err(CliError::Connect(format!(
-                    "cannot connect to {}: {e}",
-                    t.shown
-                )));
-            }
-            Err(_) => {
-                return Err(CliError::Connect(format!(
-                    "cannot connect to {}: no answer within {CALL_TIMEOUT:?}",
-                    t.shown
-                )));
-            }
-        };
-    Ok((client, conn))
+#[cfg(feature = "cluster")]
+async fn cluster(urls: &[String]) -> Result<Box<dyn Admin>, CliError> {
+    Ok(Box::new(admin::ClusterAdmin::connect(urls).await?))
 }
 
-/// The lock name of a Redis lock key `dlock:{E}`, or `None` for any other key (the fence key,
-/// a foreign key under `dlock:`, an escape the library never writes).
-fn name_of_key(key: &str) -> Option<String> {
-    let e = key.strip_prefix("dlock:{")?.strip_suffix('}')?;
-    if e.contains('}') {
-        return None;
+#[cfg(not(feature = "cluster"))]
+async fn cluster(_: &[String]) -> Result<Box<dyn Admin>, CliError> {
+    Err(CliError::Admin(AdminError::unsupported(
+        "--cluster needs the CLI's `cluster` feature",
+    )))
+}
+
+#[cfg(feature = "sentinel")]
+async fn sentinel(master: &str, urls: &[String]) -> Result<Box<dyn Admin>, CliError> {
+    let user = std::env::var("DLOCK_MASTER_USER").ok();
+    let password = std::env::var("DLOCK_MASTER_PASSWORD").ok();
+    let auth = password.as_deref().map(|p| (user.as_deref(), p));
+    Ok(Box::new(
+        admin::SentinelAdmin::connect(master, urls, auth, 0).await?,
+    ))
+}
+
+#[cfg(not(feature = "sentinel"))]
+async fn sentinel(_: &str, _: &[String]) -> Result<Box<dyn Admin>, CliError> {
+    Err(CliError::Admin(AdminError::unsupported(
+        "--sentinel needs the CLI's `sentinel` feature",
+    )))
+}
+
+fn owner_text(i: &LockInfo) -> String {
+    if i.holders.is_empty() {
+        return "-".into();
     }
-    let mut out = String::with_capacity(e.len());
-    let mut chars = e.chars();
-    while let Some(c) = chars.next() {
-        if c == '\\' {
-            match chars.next()? {
-                '\\' => out.push('\\'),
-                '(' => out.push('{'),
-                ')' => out.push('}'),
-                _ => return None,
+    i.holders
+        .iter()
+        .map(|h| {
+            if h.holds == 0 {
+                format!("{} (released, kept)", h.owner)
+            } else {
+                h.owner.clone()
             }
-        } else if c == '{' {
-            return None;
-        } else {
-            out.push(c);
-        }
-    }
-    (!out.is_empty() && dlock_runtime::redis_keys(&out).lock == key).then_some(out)
-}
-
-/// What the CLI sees of one lock.
-#[derive(Debug)]
-struct LockInfo {
-    name: String,
-    key: String,
-    /// Owner id -> hold count (0: released, kept taken by `hold_at_least`).
-    owners: BTreeMap<String, i64>,
-    /// Remaining lease in ms (`None`: the key has no expiry, which dlock never leaves).
-    ttl_ms: Option<i64>,
-    token: Option<u64>,
-    /// Connections subscribed to the release channel: one per process with waiters.
-    waiters: i64,
-}
-
-impl LockInfo {
-    fn to_json(&self) -> serde_json::Value {
-        json!({
-            "name": self.name,
-            "key": self.key,
-            "owners": self.owners.iter().map(|(o, c)| json!({"owner": o, "holds": c})).collect::<Vec<_>>(),
-            "holds": self.owners.values().sum::<i64>(),
-            "remaining_ms": self.ttl_ms,
-            "fencing_token": self.token,
-            "waiting_processes": self.waiters,
         })
-    }
+        .collect::<Vec<_>>()
+        .join(",")
+}
 
-    fn owner_text(&self) -> String {
-        if self.owners.is_empty() {
-            return "-".into();
-        }
-        self.owners
-            .iter()
-            .map(|(o, c)| {
-                if *c == 0 {
-                    format!("{o} (released, kept)")
-                } else {
-                    o.clone()
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(",")
+fn fmt_left(d: Option<Duration>) -> String {
+    match d {
+        None => "-".into(),
+        Some(d) if d >= Duration::from_secs(10) => format!("{:.0}s", d.as_secs_f64()),
+        Some(d) => format!("{:.1}s", d.as_secs_f64()),
     }
 }
 
-fn fmt_ms(ms: Option<i64>) -> String {
-    match ms {
-        None => "no expiry".into(),
-        Some(ms) if ms >= 10_000 => format!("{:.0}s", ms as f64 / 1000.0),
-        Some(ms) => format!("{:.1}s", ms as f64 / 1000.0),
-    }
-}
-
-/// HGETALL, PTTL, GET fence, PUBSUB NUMSUB.
-type LockReply = (
-    Vec<(String, String)>,
-    i64,
-    Option<String>,
-    Vec<(String, i64)>,
-);
-
-/// Reads one lock; `Ok(None)` when it is not held. A key of another type is an error.
-async fn read_lock(
-    conn: &mut MultiplexedConnection,
-    name: &str,
-) -> Result<Option<LockInfo>, CliError> {
-    let keys = dlock_runtime::redis_keys(name);
-    let (fields, pttl, fence, numsub): LockReply = bounded(
-        &format!("reading lock `{name}`"),
-        redis::pipe()
-            .hgetall(&keys.lock)
-            .pttl(&keys.lock)
-            .get(&keys.fence)
-            .cmd("PUBSUB")
-            .arg("NUMSUB")
-            .arg(&keys.channel)
-            .query_async(conn),
-    )
-    .await?;
-    if fields.is_empty() || pttl == -2 {
-        return Ok(None);
-    }
-    let mut owners = BTreeMap::new();
-    let mut token = None;
-    for (f, v) in fields {
-        if f == ":fence" {
-            token = v.parse().ok();
-        } else {
-            owners.insert(f, v.parse().unwrap_or(0));
-        }
-    }
-    // The token lives in the hash's `:fence` field; the fence key holds the last one handed out.
-    if token.is_none() {
-        token = fence.and_then(|f| f.parse().ok());
-    }
-    Ok(Some(LockInfo {
-        name: name.to_string(),
-        key: keys.lock,
-        owners,
-        ttl_ms: (pttl >= 0).then_some(pttl),
-        token,
-        waiters: numsub.first().map_or(0, |(_, n)| *n),
-    }))
+fn to_json(i: &LockInfo) -> serde_json::Value {
+    json!({
+        "name": i.name,
+        "owners": i.holders.iter().map(|h| json!({"owner": h.owner, "holds": h.holds})).collect::<Vec<_>>(),
+        "holds": i.holds(),
+        "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
+        "fencing_token": i.token,
+        "waiters": i.waiters,
+        "waiters_are": i.waiters_are,
+        "details": i.details.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
+    })
 }
 
 fn pattern(p: Option<&str>) -> Result<glob::Pattern, CliError> {
@@ -353,58 +241,24 @@ fn pattern(p: Option<&str>) -> Result<glob::Pattern, CliError> {
         .map_err(|e| CliError::Refused(format!("invalid PATTERN: {e}")))
 }
 
-async fn list(
-    conn: &mut MultiplexedConnection,
-    pat: Option<&str>,
-    as_json: bool,
-) -> Result<(), CliError> {
-    let pat = pattern(pat)?;
-    let mut names = Vec::new();
-    let mut cursor: u64 = 0;
-    let mut skipped = 0usize;
-    loop {
-        let (next, keys): (u64, Vec<String>) = bounded(
-            "scanning keys",
-            redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg("dlock:{*}")
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(conn),
-        )
-        .await?;
-        for k in keys {
-            match name_of_key(&k) {
-                Some(n) if pat.matches(&n) => names.push(n),
-                Some(_) => {}
-                None => skipped += 1,
-            }
-        }
-        cursor = next;
-        if cursor == 0 {
-            break;
-        }
-    }
-    names.sort();
-    names.dedup();
-    let mut infos = Vec::new();
-    for n in &names {
-        match read_lock(conn, n).await {
-            Ok(Some(i)) => infos.push(i),
-            Ok(None) => {} // released meanwhile
-            Err(CliError::Server(m)) => {
-                skipped += 1;
-                eprintln!("dlock: skipped an unexpected key: {m}");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    if skipped > 0 {
-        eprintln!("dlock: {skipped} key(s) under `dlock:{{` are not dlock locks; not shown");
+async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(), CliError> {
+    let glob = pattern(pat)?;
+    let prefix = admin::glob_prefix(pat.unwrap_or("*"));
+    let listing = admin.list(prefix).await?;
+    let infos: Vec<&LockInfo> = listing
+        .locks
+        .iter()
+        .filter(|i| glob.matches(&i.name))
+        .collect();
+    if listing.skipped > 0 {
+        eprintln!(
+            "dlock: {} entr{} in the lock namespace are not dlock locks; not shown",
+            listing.skipped,
+            if listing.skipped == 1 { "y" } else { "ies" }
+        );
     }
     if as_json {
-        let v: Vec<_> = infos.iter().map(LockInfo::to_json).collect();
+        let v: Vec<_> = infos.iter().map(|i| to_json(i)).collect();
         println!("{}", serde_json::Value::Array(v));
         return Ok(());
     }
@@ -417,11 +271,11 @@ async fn list(
         .map(|i| {
             [
                 i.name.clone(),
-                i.owner_text(),
-                i.owners.values().sum::<i64>().to_string(),
-                fmt_ms(i.ttl_ms),
+                owner_text(i),
+                i.holds().to_string(),
+                fmt_left(i.remaining),
                 i.token.map_or("-".into(), |t| t.to_string()),
-                i.waiters.to_string(),
+                i.waiters.map_or("-".into(), |w| w.to_string()),
             ]
         })
         .collect();
@@ -452,65 +306,63 @@ async fn list(
 }
 
 fn print_detail(i: &LockInfo) {
-    let keys = dlock_runtime::redis_keys(&i.name);
     println!("lock           {}", i.name);
-    for (o, c) in &i.owners {
-        if *c == 0 {
-            println!("owner          {o} (released; kept taken by hold_at_least)");
+    for h in &i.holders {
+        if h.holds == 0 {
+            println!(
+                "owner          {} (released; kept taken by hold_at_least)",
+                h.owner
+            );
         } else {
             println!(
-                "owner          {o} ({c} hold{})",
-                if *c == 1 { "" } else { "s" }
+                "owner          {} ({} hold{})",
+                h.owner,
+                h.holds,
+                if h.holds == 1 { "" } else { "s" }
             );
         }
     }
-    println!("remaining      {}", fmt_ms(i.ttl_ms));
+    println!(
+        "remaining      {}",
+        match i.remaining {
+            Some(_) => fmt_left(i.remaining),
+            None => "- (no per-lock expiry: the lease is the holder's session)".into(),
+        }
+    );
     println!(
         "fencing token  {}",
         i.token.map_or("-".into(), |t| t.to_string())
     );
-    println!(
-        "waiting        {} process(es) subscribed to the release channel",
-        i.waiters
-    );
-    println!(
-        "redis keys     {} (hash), {} (fence), {} (channel)",
-        keys.lock, keys.fence, keys.channel
-    );
+    match i.waiters {
+        Some(w) => println!("waiting        {w} {}", i.waiters_are),
+        None => println!("waiting        - (not visible on this backend)"),
+    }
+    for (k, v) in &i.details {
+        println!("{k:<14} {v}");
+    }
 }
 
-async fn show(conn: &mut MultiplexedConnection, name: &str, as_json: bool) -> Result<(), CliError> {
-    let i = read_lock(conn, name)
+async fn show(admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliError> {
+    let i = admin
+        .show(name)
         .await?
         .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held")))?;
     if as_json {
-        println!("{}", i.to_json());
+        println!("{}", to_json(&i));
     } else {
         print_detail(&i);
     }
     Ok(())
 }
 
-/// Deletes the lock if its owners are still the ones shown, and publishes one wake-up.
-/// Returns -1 when the lock is gone, -2 when the owner changed, else the number of subscribers
-/// the wake-up reached.
-const UNLOCK_LUA: &str = r#"
-local fields = redis.call('HGETALL', KEYS[1])
-if #fields == 0 then return -1 end
-if ARGV[2] ~= '' and redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return -2 end
-redis.call('DEL', KEYS[1])
-local n = redis.pcall('PUBLISH', ARGV[1], '1')
-if type(n) ~= 'number' then return 0 end
-return n
-"#;
-
-async fn unlock(conn: &mut MultiplexedConnection, name: &str, yes: bool) -> Result<(), CliError> {
-    let i = read_lock(conn, name)
+async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError> {
+    let i = admin
+        .show(name)
         .await?
         .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held; nothing to do")))?;
     print_detail(&i);
     if !yes {
-        print!("force-release lock `{name}`? the holder loses it at its next renewal [y/N] ");
+        print!("force-release lock `{name}`? the holder loses it [y/N] ");
         let _ = std::io::stdout().flush();
         let mut answer = String::new();
         let stdin = std::io::stdin();
@@ -528,39 +380,24 @@ async fn unlock(conn: &mut MultiplexedConnection, name: &str, yes: bool) -> Resu
             return Err(CliError::Refused("not confirmed; nothing done".into()));
         }
     }
-    let keys = dlock_runtime::redis_keys(name);
-    let owner = if i.owners.len() == 1 {
-        i.owners.keys().next().cloned().unwrap_or_default()
-    } else {
-        String::new()
-    };
-    let r: i64 = bounded(
-        &format!("unlocking `{name}`"),
-        redis::Script::new(UNLOCK_LUA)
-            .key(&keys.lock)
-            .arg(&keys.channel)
-            .arg(&owner)
-            .invoke_async(conn),
-    )
-    .await?;
-    match r {
-        -1 => Err(CliError::NotFound(format!(
+    match admin.force_release(name, Some(&i)).await? {
+        ForceReleased::NotHeld => Err(CliError::NotFound(format!(
             "lock `{name}` was released before the unlock; nothing done"
         ))),
-        -2 => Err(CliError::Refused(format!(
+        ForceReleased::Changed => Err(CliError::Refused(format!(
             "lock `{name}` changed hands since it was shown; nothing done (run again)"
         ))),
-        n => {
+        ForceReleased::Released { was, woke } => {
             println!(
-                "released lock `{name}` (was held by {}, fencing token {}); deleted {}",
-                i.owner_text(),
-                i.token.map_or("-".into(), |t| t.to_string()),
-                keys.lock
+                "released lock `{name}` (was held by {}, fencing token {}) on {}",
+                owner_text(&was),
+                was.token.map_or("-".into(), |t| t.to_string()),
+                admin.target()
             );
-            println!(
-                "published one wake-up on {} ({n} waiting process(es) reached; each wakes one waiter)",
-                keys.channel
-            );
+            match woke {
+                Some(n) => println!("woke {n} waiting {}", was.waiters_are),
+                None => println!("the next waiter is woken by the backend"),
+            }
             println!(
                 "the evicted holder's lost() fires at its next renewal (within a third of its ttl)"
             );
@@ -583,150 +420,61 @@ fn now_text() -> String {
     )
 }
 
-async fn watch(
-    client: &redis::Client,
-    conn: &mut MultiplexedConnection,
-    db: i64,
-    pat: Option<&str>,
-) -> Result<(), CliError> {
-    let pat = pattern(pat)?;
-    // Keyspace notifications show acquisitions and expiries too; without them only releases
-    // (the release channels) are visible. The CLI does not change the server's configuration.
-    let notify: Option<(String, String)> = bounded(
-        "CONFIG GET",
-        redis::cmd("CONFIG")
-            .arg("GET")
-            .arg("notify-keyspace-events")
-            .query_async::<Vec<String>>(conn),
-    )
-    .await
-    .ok()
-    .and_then(|v| v.get(1).cloned().map(|f| ("notify".into(), f)));
-    let flags = notify.map(|(_, f)| f).unwrap_or_default();
-    let keyspace = flags.contains('K')
-        && (flags.contains('A')
-            || (flags.contains('h') && flags.contains('g') && flags.contains('x')));
-    let mut pubsub = bounded("subscribing", client.get_async_pubsub()).await?;
-    bounded("subscribing", pubsub.psubscribe("dlock:{*}:rel")).await?;
-    let ks_prefix = format!("__keyspace@{db}__:");
-    if keyspace {
-        bounded(
-            "subscribing",
-            pubsub.psubscribe(format!("{ks_prefix}dlock:{{*}}")),
-        )
-        .await?;
-        println!(
-            "watching acquisitions, releases and expiries (keyspace notifications); Ctrl-C to stop"
-        );
-    } else {
-        println!(
-            "watching releases (release channels); enable keyspace notifications \
-             (notify-keyspace-events Kghx) to see acquisitions and expiries too; Ctrl-C to stop"
-        );
-    }
+async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
+    let glob = pattern(pat)?;
+    let prefix = admin::glob_prefix(pat.unwrap_or("*"));
+    let mut w = admin.watch(prefix).await?;
+    println!("watching {} on {}; Ctrl-C to stop", w.sees, admin.target());
     let _ = std::io::stdout().flush();
-    let mut stream = pubsub.into_on_message();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
     loop {
-        let msg = tokio::select! {
+        let ev = tokio::select! {
             _ = &mut ctrl_c => return Ok(()),
-            m = stream.next() => m,
+            e = w.events.recv() => e,
         };
-        let Some(msg) = msg else {
-            return Err(CliError::Connect(
-                "the server closed the subscription".into(),
-            ));
+        let ev = match ev {
+            Some(Ok(e)) => e,
+            Some(Err(e)) => return Err(e.into()),
+            None => {
+                return Err(CliError::Admin(AdminError::connect(
+                    "the watch ended (connection closed)",
+                )));
+            }
         };
-        let channel = msg.get_channel_name().to_string();
-        let (key, event) = if let Some(k) = channel.strip_prefix(&ks_prefix) {
-            let ev: String = msg.get_payload().unwrap_or_default();
-            (k.to_string(), ev)
-        } else if let Some(k) = channel.strip_suffix(":rel") {
-            (k.to_string(), "release".to_string())
-        } else {
-            continue;
-        };
-        let Some(name) = name_of_key(&key) else {
-            continue;
-        };
-        if !pat.matches(&name) {
+        if !glob.matches(ev.name()) {
             continue;
         }
-        let what = match event.as_str() {
-            "hset" => {
-                let detail = match read_lock(conn, &name).await {
-                    Ok(Some(i)) => format!(
-                        " by {} token {} lease {}",
-                        i.owner_text(),
-                        i.token.map_or("-".into(), |t| t.to_string()),
-                        fmt_ms(i.ttl_ms)
-                    ),
-                    _ => String::new(),
-                };
-                format!("acquired{detail}")
+        let what = match &ev {
+            LockEvent::Acquired { owner, token, .. } => {
+                let mut s = "acquired".to_string();
+                if let Some(o) = owner {
+                    s.push_str(&format!(" by {o}"));
+                }
+                if let Some(t) = token {
+                    s.push_str(&format!(" token {t}"));
+                }
+                s
             }
-            "hincrby" => "hold count changed (re-entry or inner release)".into(),
-            "release" => "released (one waiter woken)".into(),
-            "del" => continue, // the release message follows
-            "expired" => "expired (lease ran out without release)".into(),
-            "pexpire" | "expire" => continue, // renewals
-            other => other.to_string(),
+            LockEvent::Released { .. } => "released (one waiter woken)".into(),
+            LockEvent::Expired { .. } => {
+                "expired (lease or session ended without a release)".into()
+            }
+            LockEvent::Other { what, .. } => what.clone(),
+            _ => format!("{ev:?}"),
         };
-        println!("{}  {name}  {what}", now_text());
+        println!("{}  {}  {what}", now_text(), ev.name());
         let _ = std::io::stdout().flush();
     }
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let t = parse_target(&cli.url)?;
-    let (client, mut conn) = connect(&t).await?;
+    let admin = connect(&cli).await?;
+    let admin = admin.as_ref();
     match &cli.cmd {
-        Cmd::List { pattern, json } => list(&mut conn, pattern.as_deref(), *json).await,
-        Cmd::Show { name, json } => show(&mut conn, name, *json).await,
-        Cmd::Unlock { name, yes } => unlock(&mut conn, name, *yes).await,
-        Cmd::Watch { pattern } => watch(&client, &mut conn, t.db, pattern.as_deref()).await,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn key_names_round_trip_and_foreign_keys_are_rejected() {
-        for n in ["order:42", "a}b", "{x}", "back\\slash", "a:fence", "é"] {
-            assert_eq!(
-                name_of_key(&dlock_runtime::redis_keys(n).lock).as_deref(),
-                Some(n)
-            );
-        }
-        for k in [
-            "dlock:{order:42}:fence",
-            "dlock:{a}b}",
-            "dlock:{}",
-            "other",
-            "dlock:{a\\x}",
-            "dlock:{a{b}",
-        ] {
-            assert_eq!(name_of_key(k), None, "{k}");
-        }
-    }
-
-    #[test]
-    fn urls_are_redacted_and_other_engines_refused() {
-        let t = parse_target("redis://user:secret@127.0.0.1:6390/3")
-            .ok()
-            .unwrap();
-        assert!(!t.shown.contains("secret"));
-        assert_eq!(t.db, 3);
-        let e = parse_target("postgres://u:secret@localhost/db")
-            .err()
-            .unwrap();
-        assert_eq!(e.code(), 6);
-        assert!(e.message().contains("not supported for this backend yet"));
-        assert!(!e.message().contains("secret"));
-        let e = parse_target("::nonsense::").err().unwrap();
-        assert_eq!(e.code(), 6);
+        Cmd::List { pattern, json } => list(admin, pattern.as_deref(), *json).await,
+        Cmd::Show { name, json } => show(admin, name, *json).await,
+        Cmd::Unlock { name, yes } => unlock(admin, name, *yes).await,
+        Cmd::Watch { pattern } => watch(admin, pattern.as_deref()).await,
     }
 }

@@ -174,7 +174,7 @@ const CHILD_ENV: &str = "DLOCK_CLI_TEST_CHILD";
 /// Child entry point: holds `cli:held` (ttl 3 s, renewed every second) in its own process,
 /// prints its token, then prints how it lost the lock. Runs only when re-executed by a test.
 #[test]
-#[ignore = "child-process entry point, run by unlock_fires_the_holders_lost"]
+#[ignore = "child-process entry point, run by list_show_unlock_against_a_holding_process"]
 fn holder_process() {
     let url = std::env::var(CHILD_ENV).expect("run by the parent test only");
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -327,7 +327,7 @@ fn list_show_unlock_against_a_holding_process() {
     loop {
         let o = dlock(&url, &["show", "cli:held", "--json"], "");
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-        if v["waiting_processes"] == 1 {
+        if v["waiters"] == 1 {
             break;
         }
         assert!(
@@ -343,11 +343,7 @@ fn list_show_unlock_against_a_holding_process() {
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let out = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(out.contains("released lock `cli:held`"), "{}", text(&o));
-    assert!(
-        out.contains("(1 waiting process(es) reached"),
-        "{}",
-        text(&o)
-    );
+    assert!(out.contains("woke 1 waiting process"), "{}", text(&o));
     // The wake-up, not the lease timer (the holder's lease had 2 s or more left), hands it over.
     let got = wrx
         .recv_timeout(Duration::from_secs(10))
@@ -389,14 +385,10 @@ fn exit_codes_for_bad_urls_and_no_password_in_output() {
     assert_eq!(o.status.code(), Some(5), "{}", text(&o));
     assert!(!text(&o).contains("s3cr3t-pw"), "{}", text(&o));
 
-    // Another engine's URL: not supported yet.
-    let o = dlock("postgres://u:s3cr3t-pw@127.0.0.1/db", &["list"], "");
+    // A scheme that is no dlock backend: not supported.
+    let o = dlock("memcached://u:s3cr3t-pw@127.0.0.1/db", &["list"], "");
     assert_eq!(o.status.code(), Some(6), "{}", text(&o));
-    assert!(
-        text(&o).contains("not supported for this backend yet"),
-        "{}",
-        text(&o)
-    );
+    assert!(text(&o).contains("not a dlock backend URL"), "{}", text(&o));
     assert!(!text(&o).contains("s3cr3t-pw"), "{}", text(&o));
 
     // Garbage: no panic, a clear message, exit 6.
@@ -495,4 +487,65 @@ fn watch_shows_acquisitions_and_releases_until_interrupted() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert_eq!(status.code(), Some(0));
+}
+
+/// Redlock: `--redlock` with one `--url` per node shows the lock every node holds, with the
+/// quorum in `show`, and `unlock` releases it on every node (the holder hears it).
+#[test]
+fn redlock_nodes_listed_shown_and_unlocked() {
+    let nodes: Vec<Redis> = (0..3).map(|_| Redis::start(&[])).collect();
+    let urls: Vec<String> = nodes.iter().map(|n| n.url()).collect();
+    let mut args: Vec<&str> = vec!["--redlock"];
+    for u in &urls {
+        args.extend(["--url", u.as_str()]);
+    }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = std::sync::Arc::new(
+        rt.block_on(dlock_runtime::RedlockBackend::connect(&urls))
+            .unwrap(),
+    );
+    let g = rt
+        .block_on(
+            dlock_runtime::Lock::new("rl:held")
+                .with_backend(backend.clone())
+                .ttl(Duration::from_secs(3))
+                .acquire(),
+        )
+        .unwrap();
+    let run = |extra: &[&str], stdin: &str| {
+        let mut a = args.clone();
+        a.extend(extra);
+        dlock(&urls[0], &a, stdin)
+    };
+    let o = run(&["list", "--json"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let held = &v.as_array().unwrap()[0];
+    assert_eq!(held["name"], "rl:held");
+    assert!(held["fencing_token"].as_u64().unwrap() >= g.fencing_token());
+    let o = run(&["show", "rl:held"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("holds 3 of 3 nodes"),
+        "{}",
+        text(&o)
+    );
+    let o = run(&["unlock", "rl:held", "--yes"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), g.lost())
+            .await
+            .expect("the holder hears the unlock")
+    });
+    assert_eq!(run(&["show", "rl:held"], "").status.code(), Some(3));
+    // Several URLs without saying what they are: a usage error, exit 6.
+    let o = dlock(
+        &urls[0],
+        &["--url", &urls[0], "--url", &urls[1], "list"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(6), "{}", text(&o));
 }

@@ -114,7 +114,6 @@ impl Listing {
 
 /// What a force-release did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum ForceReleased {
     /// The lock was deleted; `was` is what it held just before. `woke`: how many waiting
     /// processes or contenders the release reached, when the engine can tell.
