@@ -213,11 +213,13 @@ impl Lock {
         };
         let span = tracing::debug_span!("dlock.acquire", key = %self.name);
         let started = Instant::now();
+        // One label look-up per acquisition, shared by its outcome and its hold.
+        let labels = self.metric_labels();
         let r = self
-            .acquire_loop(&backend, owner, parent, started)
+            .acquire_loop(&backend, owner, parent, started, &labels)
             .instrument(span.clone())
             .await;
-        crate::metrics::acquire_done(&self.metric_labels(), &r, started, !self.wait.is_zero());
+        crate::metrics::acquire_done(&labels, &r, started, !self.wait.is_zero());
         match &r {
             Ok(g) => tracing::debug!(
                 parent: &span,
@@ -240,6 +242,7 @@ impl Lock {
         mut owner: Arc<str>,
         parent: Option<Arc<crate::guard::Hold>>,
         started: Instant,
+        labels: &crate::metrics::Labels,
     ) -> Result<LockGuard, LockError> {
         let name = self.name.as_str();
         let deadline = started.checked_add(self.wait);
@@ -382,7 +385,7 @@ impl Lock {
                                 max_hold: self.max_hold,
                                 hold_at_least: self.hold_at_least,
                                 parent,
-                                metric: self.metric_labels(),
+                                metric: labels.clone(),
                             },
                             count,
                         ));

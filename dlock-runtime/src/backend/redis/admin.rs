@@ -141,12 +141,14 @@ impl RedisAdmin {
     }
 
     /// This server as a Redis Cluster master (sharded release channels).
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn sharded(mut self) -> RedisAdmin {
         self.sharded = true;
         self
     }
 
     /// A connection to this server, for engine-specific commands.
+    #[cfg_attr(not(feature = "cluster"), allow(dead_code))]
     pub(crate) fn conn(&self) -> MultiplexedConnection {
         self.conn.clone()
     }
