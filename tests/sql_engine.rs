@@ -447,6 +447,74 @@ mod on_postgres {
         super::thirty_two_contenders_no_deadlock_exact_counts(Env::postgres().await).await
     }
 
+    /// The background sweep deletes rows idle for more than five minutes (here: 40 rows planted
+    /// with a lease that ended six minutes ago, as crashed holders leave them) once 256 freeing
+    /// releases have run, and leaves alone a row idle for less, a held lock and the fence
+    /// sequence (a token after the sweep is still larger than every earlier one).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweep_deletes_rows_idle_for_five_minutes_and_only_those() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let b = env.backend();
+        let held = env.lock("sweep:held").acquire().await.unwrap();
+        let before = held.fencing_token();
+        admin
+            .batch_execute(&format!(
+                "INSERT INTO {table} (name, owner, count, fence, expires_at) \
+                 SELECT convert_to('sweep:old:' || i, 'UTF8'), 'gone', 1, 1, \
+                        clock_timestamp() - interval '6 minutes' FROM generate_series(1, 40) i; \
+                 INSERT INTO {table} (name, owner, count, fence, expires_at) \
+                 VALUES (convert_to('sweep:recent', 'UTF8'), 'gone', 1, 1, \
+                         clock_timestamp() - interval '4 minutes')"
+            ))
+            .await
+            .unwrap();
+        let count = |pattern: &'static str| {
+            let (url, table) = (url.clone(), table.clone());
+            async move {
+                let c = common::sql::pg_admin(&url).await;
+                let n: i64 = c
+                    .query_one(
+                        &format!(
+                            "SELECT COUNT(*) FROM {table} WHERE convert_from(name, 'UTF8') LIKE $1"
+                        ),
+                        &[&pattern],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                n
+            }
+        };
+        assert_eq!(count("sweep:old:%").await, 40);
+        // 256 freeing releases: the 256th starts the sweep in the background.
+        for i in 0..256 {
+            let g = Lock::new(format!("sweep:churn:{}", i % 8))
+                .with_backend(b.clone())
+                .acquire()
+                .await
+                .unwrap();
+            g.release().await.unwrap();
+        }
+        let swept = common::eventually(Duration::from_secs(10), || async {
+            count("sweep:old:%").await == 0
+        })
+        .await;
+        assert!(swept, "{} idle rows left", count("sweep:old:%").await);
+        assert_eq!(
+            count("sweep:recent").await,
+            1,
+            "a row idle for 4 minutes stays"
+        );
+        assert!(held.is_valid());
+        assert!(env.is_locked("sweep:held").await);
+        held.release().await.unwrap();
+        let after = env.lock("sweep:old:1").acquire().await.unwrap();
+        assert!(after.fencing_token() > before);
+        after.release().await.unwrap();
+    }
+
     /// The same with `prepared_statements(true)` (statements planned once per connection):
     /// exclusion, exact counts and no error reaching a caller hold on the prepared path too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
