@@ -22,11 +22,7 @@ struct Net {
 }
 
 async fn net() -> Net {
-    // dlock's debug events go to the test's captured output: shown when a test fails.
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("dlock=debug,dlock_runtime=debug")
-        .try_init();
+    common::debug_events_in_test_output();
     let server = tokio::task::spawn_blocking(RedisProc::start)
         .await
         .expect("start redis-server");

@@ -13,11 +13,7 @@ use common::{RedisProc, Rng, TempDir, child_mode, child_say, spawn_self};
 use dlock::{Acquired, Backend, Lock, LockError, RedisBackend, RedlockBackend};
 
 async fn nodes(n: usize) -> Vec<RedisProc> {
-    // dlock's debug events go to the test's captured output: shown when a test fails.
-    let _ = tracing_subscriber::fmt()
-        .with_test_writer()
-        .with_env_filter("dlock=debug,dlock_runtime=debug")
-        .try_init();
+    common::debug_events_in_test_output();
     tokio::task::spawn_blocking(move || start_nodes(n))
         .await
         .unwrap()

@@ -808,6 +808,15 @@ macro_rules! both_backends {
 // Small helpers
 // ---------------------------------------------------------------------------------------------
 
+/// Sends dlock's debug events to the test's captured output (shown when a test fails). Safe to
+/// call from every test: only the first call installs the subscriber.
+pub fn debug_events_in_test_output() {
+    let _ = tracing_subscriber::fmt()
+        .with_test_writer()
+        .with_env_filter("dlock=debug,dlock_runtime=debug")
+        .try_init();
+}
+
 /// A tiny xorshift PRNG (no `rand` dependency): deterministic per seed.
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
