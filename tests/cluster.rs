@@ -342,3 +342,105 @@ async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
     ));
     g.release().await.expect("release on the new master");
 }
+
+/// A real lost grant in a master failover: the replica of the slot's master is stopped and its
+/// replication link cut before the grant, the master is SIGKILLed after it, and the replica is
+/// promoted (`CLUSTER FAILOVER TAKEOVER`) without ever having seen the grant. The stale holder's
+/// `lost()` fires (its renewal finds no hold on the new master, or its deadline passes), a new
+/// holder gets the lock on the new master with a larger token, and the stale holder's release
+/// reports the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
+    let set = cluster().await;
+    let name = "failover:killed";
+    let keys = dlock::redis_keys(name);
+    let slot = ClusterSet::slot_of(&keys.lock);
+    let master = set.master_of_slot(slot);
+    let replica = set.replica_of(master);
+    let (a, b) = (backend(&set).await, backend(&set).await);
+    let sig = |i: usize, s: libc::c_int| {
+        // SAFETY: kill(2) on a server this test's harness spawned and has not reaped.
+        assert_eq!(
+            unsafe { libc::kill(set.nodes[i].pid() as libc::pid_t, s) },
+            0
+        );
+    };
+    // The replica stops and the master drops its link: the grant below is never sent to it.
+    sig(replica, libc::SIGSTOP);
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query(&mut set.nodes[master].admin())
+        .unwrap();
+    let ttl = Duration::from_secs(3);
+    let holder = Lock::new(name)
+        .with_backend(a.clone())
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("holder");
+    let token = holder.fencing_token();
+    let lost = holder.lost();
+    sig(master, libc::SIGKILL);
+    sig(replica, libc::SIGCONT);
+    let killed = Instant::now();
+    tokio::task::spawn_blocking({
+        let set = set.clone();
+        move || {
+            let _: redis::RedisResult<()> = redis::cmd("CLUSTER")
+                .arg("FAILOVER")
+                .arg("TAKEOVER")
+                .query(&mut set.nodes[replica].admin());
+            let started = Instant::now();
+            loop {
+                let mine = set.topology(replica).into_iter().any(|i| {
+                    i.master
+                        && i.port == set.nodes[replica].port()
+                        && i.slots.iter().any(|&(x, y)| x <= slot && slot <= y)
+                });
+                if mine {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "the replica was not promoted"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query(&mut set.nodes[replica].admin())
+        .unwrap();
+    assert_eq!(exists, 0, "the promoted replica never saw the grant");
+    tokio::time::timeout(ttl + Duration::from_secs(2), lost)
+        .await
+        .expect("lost() fired");
+    assert!(
+        killed.elapsed() < ttl + Duration::from_secs(2),
+        "{:?}",
+        killed.elapsed()
+    );
+    assert!(!holder.is_valid());
+    let g = Lock::new(name)
+        .with_backend(b.clone())
+        .ttl(ttl)
+        .wait(Duration::from_secs(20))
+        .acquire()
+        .await
+        .expect("the lock is free on the promoted replica");
+    assert!(
+        g.fencing_token() > token,
+        "token {} after {token}",
+        g.fencing_token()
+    );
+    assert!(matches!(
+        holder.release().await,
+        Err(LockError::Lost { .. })
+    ));
+    g.release().await.expect("release on the new master");
+}
