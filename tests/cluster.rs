@@ -444,3 +444,53 @@ async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
     ));
     g.release().await.expect("release on the new master");
 }
+
+/// `min_replicas(1, ..)`: with the replica of the slot's master up, grants are confirmed; with
+/// it stopped, the acquire fails with a typed error naming the replicas and leaves no lock
+/// behind; after it resumes, acquisitions work again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() {
+    let set = cluster().await;
+    let name = "minrep:one";
+    let keys = dlock::redis_keys(name);
+    let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
+    let replica = set.replica_of(master);
+    let b: Arc<dyn Backend> = Arc::new(
+        ClusterBackend::builder(set.urls())
+            .min_replicas(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let g = Lock::new(name).with_backend(b.clone()).acquire().await;
+    let g = g.expect("confirmed by the replica");
+    g.release().await.unwrap();
+    let sig = |s: libc::c_int| {
+        // SAFETY: kill(2) on a server this test's harness spawned and has not reaped.
+        assert_eq!(
+            unsafe { libc::kill(set.nodes[replica].pid() as libc::pid_t, s) },
+            0
+        );
+    };
+    sig(libc::SIGSTOP);
+    let r = Lock::new(name).with_backend(b.clone()).acquire().await;
+    sig(libc::SIGCONT);
+    match r {
+        Err(LockError::Backend { source, .. }) => {
+            assert!(source.to_string().contains("replicas"), "{source}")
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&keys.lock)
+        .query(&mut set.nodes[master].admin())
+        .unwrap();
+    assert_eq!(exists, 0, "the unconfirmed grant was given back");
+    let g = Lock::new(name)
+        .with_backend(b.clone())
+        .wait(Duration::from_secs(5))
+        .acquire()
+        .await
+        .expect("works again once the replica is back");
+    g.release().await.unwrap();
+}

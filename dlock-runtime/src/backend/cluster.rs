@@ -67,6 +67,7 @@ pub struct ClusterBackendBuilder {
     retries: u32,
     username: Option<String>,
     password: Option<String>,
+    min_replicas: Option<(usize, Duration)>,
     #[cfg(feature = "tls")]
     tls_root_cert: Option<Vec<u8>>,
 }
@@ -83,11 +84,22 @@ impl fmt::Debug for ClusterBackendBuilder {
             .field("connection_timeout", &self.connection_timeout)
             .field("retries", &self.retries)
             .field("username", &self.username)
+            .field("min_replicas", &self.min_replicas)
             .finish_non_exhaustive()
     }
 }
 
 impl ClusterBackendBuilder {
+    /// After every grant, `WAIT replicas timeout` on the master that owns the lock's slot: fewer
+    /// confirmations give the lock back and fail the acquire with a [`LockError::Backend`]. This
+    /// narrows the failover window (a replica promoted after a confirmed grant has it); it does
+    /// not close it. The WAIT holds that master's shared data connection for up to `timeout`;
+    /// keep `timeout` well below `op_timeout`.
+    pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.min_replicas = (replicas > 0).then_some((replicas, timeout));
+        self
+    }
+
     /// How long one node may take to answer one request (default 1 s).
     pub fn response_timeout(mut self, t: Duration) -> Self {
         self.response_timeout = t;
@@ -201,6 +213,7 @@ impl ClusterBackendBuilder {
                 label,
                 conns: Mutex::new(Vec::new()),
                 pubsub_refused: AtomicBool::new(false),
+                min_replicas: self.min_replicas,
             }),
         })
     }
@@ -236,6 +249,7 @@ struct Inner {
     label: String,
     conns: Mutex<Vec<RtConn>>,
     pubsub_refused: AtomicBool,
+    min_replicas: Option<(usize, Duration)>,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -329,6 +343,7 @@ impl ClusterBackend {
             retries: 16,
             username: None,
             password: None,
+            min_replicas: None,
             #[cfg(feature = "tls")]
             tls_root_cert: None,
         }
@@ -346,6 +361,44 @@ impl ClusterBackend {
     /// The seed URLs, passwords replaced by `***`.
     pub fn seeds(&self) -> &str {
         &self.inner.label
+    }
+
+    /// `WAIT n timeout` on the master of `name`'s slot, on the connection that wrote the grant;
+    /// with fewer confirmations, gives back what this acquisition added and fails.
+    async fn confirm_replicas(
+        &self,
+        con: &mut ClusterConnection,
+        name: &str,
+        owner: &str,
+        count: u32,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<(), LockError> {
+        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+            slot_of(&redis_keys(name).lock),
+            SlotAddr::Master,
+        )));
+        let mut wait = redis::cmd("WAIT");
+        wait.arg(n).arg(timeout.as_millis() as u64);
+        let acked = con
+            .route_command(wait, route)
+            .await
+            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into));
+        if matches!(acked, Ok(k) if k >= n as i64) {
+            return Ok(());
+        }
+        // Give back what this call added (a fresh grant entirely, a re-entry one hold).
+        let _ = self.release(name, owner, None, count <= 1).await;
+        Err(LockError::backend(
+            name,
+            match acked {
+                Ok(k) => format!(
+                    "only {k} of {n} replicas confirmed the grant within {timeout:?}; given back"
+                ),
+                Err(e) => format!("WAIT for {n} replicas failed ({e}); grant given back"),
+            },
+        ))
     }
 
     fn conn(&self, key: &str) -> Result<(ClusterConnection, Arc<Subscriber>), LockError> {
@@ -512,6 +565,20 @@ impl ClusterBackend {
     }
 }
 
+/// The hash slot of a key, as Redis computes it: CRC16/XMODEM of its hash tag (the part between
+/// the first `{` and the next `}`, when not empty) modulo 16384.
+fn slot_of(key: &str) -> u16 {
+    let b = key.as_bytes();
+    let tagged = match b.iter().position(|&c| c == b'{') {
+        Some(open) => match b[open + 1..].iter().position(|&c| c == b'}') {
+            Some(len) if len > 0 => &b[open + 1..open + 1 + len],
+            _ => b,
+        },
+        None => b,
+    };
+    crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
+}
+
 impl Backend for ClusterBackend {
     fn try_acquire<'a>(
         &'a self,
@@ -535,10 +602,17 @@ impl Backend for ClusterBackend {
             .await
             .map_err(|e| LockError::backend(name, e))?;
             match r.as_slice() {
-                [1, token, count] => Ok(Acquired::Granted {
-                    token: *token as u64,
-                    count: (*count).clamp(0, u32::MAX as i64) as u32,
-                }),
+                [1, token, count] => {
+                    let count = (*count).clamp(0, u32::MAX as i64) as u32;
+                    if let Some((n, timeout)) = self.inner.min_replicas {
+                        self.confirm_replicas(&mut con, name, owner, count, n, timeout)
+                            .await?;
+                    }
+                    Ok(Acquired::Granted {
+                        token: *token as u64,
+                        count,
+                    })
+                }
                 [0, pttl] => Ok(Acquired::Busy {
                     remaining: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
                 }),
@@ -651,6 +725,17 @@ impl Backend for ClusterBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn slots_match_the_redis_documentation() {
+        assert_eq!(slot_of("somekey"), 11058);
+        assert_eq!(slot_of("foo{hash_tag}"), 2515);
+        assert_eq!(slot_of("{}x"), slot_of("{}x"));
+        assert_eq!(
+            slot_of("dlock:{order:42}"),
+            slot_of("dlock:{order:42}:fence")
+        );
+    }
 
     #[test]
     fn release_script_publishes_sharded() {
