@@ -276,7 +276,6 @@ async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
         .acquire()
         .await
         .expect("holder");
-    let token = holder.fencing_token();
     let lost = holder.lost();
     tokio::task::spawn_blocking({
         let set = set.clone();
@@ -323,24 +322,7 @@ async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
         .await
         .expect("lost() fired by the next renewal");
     assert!(deleted.elapsed() <= ttl / 3 + Duration::from_secs(2));
-    assert!(!holder.is_valid());
-    let g = Lock::new(name)
-        .with_backend(b.clone())
-        .ttl(ttl)
-        .wait(Duration::from_secs(10))
-        .acquire()
-        .await
-        .expect("the lock is free on the new master");
-    assert!(
-        g.fencing_token() > token,
-        "token {} after {token}",
-        g.fencing_token()
-    );
-    assert!(matches!(
-        holder.release().await,
-        Err(LockError::Lost { .. })
-    ));
-    g.release().await.expect("release on the new master");
+    after_a_lost_grant(holder, &b, name, ttl).await;
 }
 
 /// A real lost grant in a master failover: the replica of the slot's master is stopped and its
@@ -358,15 +340,8 @@ async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
     let master = set.master_of_slot(slot);
     let replica = set.replica_of(master);
     let (a, b) = (backend(&set).await, backend(&set).await);
-    let sig = |i: usize, s: libc::c_int| {
-        // SAFETY: kill(2) on a server this test's harness spawned and has not reaped.
-        assert_eq!(
-            unsafe { libc::kill(set.nodes[i].pid() as libc::pid_t, s) },
-            0
-        );
-    };
     // The replica stops and the master drops its link: the grant below is never sent to it.
-    sig(replica, libc::SIGSTOP);
+    signal(&set, replica, libc::SIGSTOP);
     let _: i64 = redis::cmd("CLIENT")
         .arg("KILL")
         .arg("TYPE")
@@ -380,10 +355,9 @@ async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
         .acquire()
         .await
         .expect("holder");
-    let token = holder.fencing_token();
     let lost = holder.lost();
-    sig(master, libc::SIGKILL);
-    sig(replica, libc::SIGCONT);
+    signal(&set, master, libc::SIGKILL);
+    signal(&set, replica, libc::SIGCONT);
     let killed = Instant::now();
     tokio::task::spawn_blocking({
         let set = set.clone();
@@ -425,14 +399,26 @@ async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
         "{:?}",
         killed.elapsed()
     );
+    after_a_lost_grant(holder, &b, name, ttl).await;
+}
+
+/// After the holder's grant was lost on a new master (and its `lost()` fired): the holder knows,
+/// a new holder gets the lock there with a larger token, and the stale release reports the loss.
+async fn after_a_lost_grant(
+    holder: dlock::LockGuard,
+    b: &Arc<dyn Backend>,
+    name: &str,
+    ttl: Duration,
+) {
     assert!(!holder.is_valid());
+    let token = holder.fencing_token();
     let g = Lock::new(name)
         .with_backend(b.clone())
         .ttl(ttl)
         .wait(Duration::from_secs(20))
         .acquire()
         .await
-        .expect("the lock is free on the promoted replica");
+        .expect("the lock is free on the new master");
     assert!(
         g.fencing_token() > token,
         "token {} after {token}",
@@ -443,6 +429,15 @@ async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
         Err(LockError::Lost { .. })
     ));
     g.release().await.expect("release on the new master");
+}
+
+/// Sends `sig` to the cluster node at index `i`.
+fn signal(set: &ClusterSet, i: usize, sig: libc::c_int) {
+    // SAFETY: kill(2) on a server this test's harness spawned and has not reaped.
+    assert_eq!(
+        unsafe { libc::kill(set.nodes[i].pid() as libc::pid_t, sig) },
+        0
+    );
 }
 
 /// `min_replicas(1, ..)`: with the replica of the slot's master up, grants are confirmed; with
@@ -457,7 +452,7 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
     let replica = set.replica_of(master);
     let b: Arc<dyn Backend> = Arc::new(
         ClusterBackend::builder(set.urls())
-            .min_replicas(1, Duration::from_millis(300))
+            .min_replicas(1, Duration::from_secs(2))
             .connect()
             .await
             .unwrap(),
@@ -465,16 +460,9 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
     let g = Lock::new(name).with_backend(b.clone()).acquire().await;
     let g = g.expect("confirmed by the replica");
     g.release().await.unwrap();
-    let sig = |s: libc::c_int| {
-        // SAFETY: kill(2) on a server this test's harness spawned and has not reaped.
-        assert_eq!(
-            unsafe { libc::kill(set.nodes[replica].pid() as libc::pid_t, s) },
-            0
-        );
-    };
-    sig(libc::SIGSTOP);
+    signal(&set, replica, libc::SIGSTOP);
     let r = Lock::new(name).with_backend(b.clone()).acquire().await;
-    sig(libc::SIGCONT);
+    signal(&set, replica, libc::SIGCONT);
     match r {
         Err(LockError::Backend { source, .. }) => {
             assert!(source.to_string().contains("replicas"), "{source}")

@@ -23,6 +23,7 @@
 
 pub(crate) mod admin;
 
+use futures_util::future::join_all;
 use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -235,36 +236,6 @@ impl fmt::Debug for RedlockBackend {
             .field("node_timeout", &self.inner.node_timeout)
             .finish_non_exhaustive()
     }
-}
-
-/// Awaits every future (they run concurrently).
-async fn join_all<F: std::future::Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let futs: Vec<_> = futs.into_iter().map(Box::pin).collect();
-    let mut out: Vec<Option<F::Output>> = futs.iter().map(|_| None).collect();
-    let mut futs: Vec<Option<_>> = futs.into_iter().map(Some).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, slot) in futs.iter_mut().enumerate() {
-            if let Some(f) = slot {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => {
-                        out[i] = Some(v);
-                        *slot = None;
-                    }
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter()
-        .map(|v| v.expect("every future completed"))
-        .collect()
 }
 
 /// How long a node's release waits for this owner's acquire on that node to end. The acquire

@@ -13,6 +13,7 @@ use crate::admin::{
     bounded, same_hold,
 };
 use crate::backend::BoxFuture;
+use futures_util::future::join_all;
 
 /// The operator's view of a Redlock set.
 #[derive(Debug)]
@@ -152,33 +153,6 @@ fn combine(
     );
     info.details = details;
     Some(info)
-}
-
-/// Runs the futures concurrently and returns their outputs in order.
-async fn join_all<F: Future>(futs: impl IntoIterator<Item = F>) -> Vec<F::Output> {
-    let mut set = Vec::new();
-    for f in futs {
-        set.push(Box::pin(f));
-    }
-    let mut out: Vec<Option<F::Output>> = (0..set.len()).map(|_| None).collect();
-    std::future::poll_fn(|cx| {
-        let mut pending = false;
-        for (i, f) in set.iter_mut().enumerate() {
-            if out[i].is_none() {
-                match f.as_mut().poll(cx) {
-                    std::task::Poll::Ready(v) => out[i] = Some(v),
-                    std::task::Poll::Pending => pending = true,
-                }
-            }
-        }
-        if pending {
-            std::task::Poll::Pending
-        } else {
-            std::task::Poll::Ready(())
-        }
-    })
-    .await;
-    out.into_iter().flatten().collect()
 }
 
 impl Admin for RedlockAdmin {
