@@ -14,6 +14,7 @@ both_backends!(
     waiter_acquires_within_milliseconds_of_a_release_not_at_lease_end,
     sixteen_waiters_all_acquire_in_turn_never_two_at_once,
     wait_deadline_gives_timed_out_at_the_deadline,
+    a_queued_waiter_that_times_out_reports_the_holders_lease,
     waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release,
     cancelled_and_timed_out_waiters_leave_nothing_behind,
     hygiene_no_channels_keys_or_waiters_left_after_contention,
@@ -164,10 +165,63 @@ async fn wait_deadline_gives_timed_out_at_the_deadline(env: Env) {
     holder.release().await.unwrap();
 }
 
+/// A waiter queued behind another local waiter makes its only try at its deadline, whose reply
+/// it cannot wait for: its `TimedOut` still tells when the holder's lease ends, from the busy
+/// reply the first waiter heard (a session-based hold has no known end: `None`).
+async fn a_queued_waiter_that_times_out_reports_the_holders_lease(env: Env) {
+    let holder = env
+        .lock("queued-deadline")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let other = env.another_backend().await;
+    let first = tokio::spawn({
+        let l = Lock::new("queued-deadline")
+            .with_backend(other.clone())
+            .wait(Duration::from_secs(20));
+        async move { l.acquire().await }
+    });
+    // The first waiter has heard "busy" and is subscribed.
+    let queued = common::eventually(Duration::from_secs(10), || {
+        let other = other.clone();
+        async move { other.has_waiters("queued-deadline") }
+    })
+    .await;
+    assert!(queued, "the first waiter never queued");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r = Lock::new("queued-deadline")
+        .with_backend(other.clone())
+        .wait(Duration::from_millis(100))
+        .acquire()
+        .await;
+    let Err(LockError::TimedOut { retry_after, .. }) = &r else {
+        panic!("expected TimedOut, got {r:?}");
+    };
+    if env.lease_expires_by_ttl() {
+        let left = retry_after.expect("the holder's lease end, from the first waiter's reply");
+        assert!(
+            left > Duration::from_secs(20) && left <= Duration::from_secs(30),
+            "{left:?}"
+        );
+    } else {
+        assert_eq!(*retry_after, None, "a session-based hold has no known end");
+    }
+    holder.release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), first)
+        .await
+        .expect("the first waiter gets the lock after the release")
+        .unwrap()
+        .unwrap();
+    g.release().await.unwrap();
+}
+
 /// B1 in one process: a lease that is neither renewed nor released ends by its ttl; a waiter
 /// gets it then (PTTL timer: no release is ever published), not before.
 async fn waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release(env: Env) {
     let ttl = Duration::from_millis(800);
+    // Connected before the grant, so the time below is the wait alone, not a connection set-up.
+    let other = env.another_backend().await;
     let holder = env
         .lock("expires")
         .ttl(ttl)
@@ -176,7 +230,6 @@ async fn waiter_gets_an_expired_lease_after_about_its_ttl_without_a_release(env:
         .await
         .unwrap();
     let granted = Instant::now();
-    let other = env.another_backend().await;
     if !env.lease_expires_by_ttl() {
         // Session-based engine: the holder's node lives as long as its session, whatever the
         // ttl. The waiter must NOT get it when the ttl passes; it gets it when the lost guard

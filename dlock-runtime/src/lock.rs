@@ -248,6 +248,8 @@ impl Lock {
         let deadline = started.checked_add(self.wait);
         let mut watch: Option<Watch> = None;
         let mut remaining: Option<Duration> = None;
+        // When the holder's lease ends, as this call's last busy reply said.
+        let mut reported_end: Option<Instant> = None;
         let mut last_err: Option<LockError> = None;
         // The first try reuses the start instant (no clock read on the uncontended path); every
         // later try reads the clock, since its lease counts from its own send time.
@@ -272,7 +274,9 @@ impl Lock {
             let w = match deadline {
                 Some(d) => match tokio::time::timeout_at(d, fut).await {
                     Ok(w) => w?,
-                    Err(_) => return Err(self.timed_out(started, remaining, last_err)),
+                    Err(_) => {
+                        return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
+                    }
                 },
                 None => fut.await?,
             };
@@ -308,7 +312,12 @@ impl Lock {
                             // gives it back, so a timed-out acquire never leaves a hold (or an
                             // inflated count) behind.
                             Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
-                                return Err(self.timed_out(started, remaining, last_err));
+                                return Err(self.timed_out(
+                                    started,
+                                    remaining,
+                                    last_err,
+                                    watch.as_ref(),
+                                ));
                             }
                             // A single try times out as a late grant does.
                             Err(_) if self.wait.is_zero() => {
@@ -398,8 +407,12 @@ impl Lock {
                             return Err(p.lost_error());
                         }
                         remaining = r;
+                        reported_end = r.map(|r| Instant::now() + r);
                         last_err = None;
                         if let Some(w) = &watch {
+                            if let Some(end) = reported_end {
+                                w.note_reported_end(end);
+                            }
                             // No reported expiry (a key without a ttl): assume one lease of ours,
                             // so that waiting never turns into a tight retry loop.
                             w.note_remaining(r.unwrap_or(self.ttl));
@@ -428,7 +441,7 @@ impl Lock {
             }
             let now = Instant::now();
             if deadline.is_some_and(|d| now >= d) {
-                return Err(self.timed_out(started, remaining, last_err));
+                return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
             }
             let Some(w) = &watch else {
                 // Subscribe, then retry at once: a release between the failed try and the
@@ -437,7 +450,14 @@ impl Lock {
                 let w = match deadline {
                     Some(d) => match tokio::time::timeout_at(d, fut).await {
                         Ok(w) => w?,
-                        Err(_) => return Err(self.timed_out(started, remaining, last_err)),
+                        Err(_) => {
+                            return Err(self.timed_out(
+                                started,
+                                remaining,
+                                last_err,
+                                watch.as_ref(),
+                            ));
+                        }
                     },
                     None => fut.await?,
                 };
@@ -447,6 +467,9 @@ impl Lock {
                     wait_ms = self.wait.as_millis() as u64,
                     "dlock: waiting for a release"
                 );
+                if let Some(end) = reported_end {
+                    w.note_reported_end(end);
+                }
                 watch = Some(w);
                 try_now = true;
                 continue;
@@ -478,19 +501,30 @@ impl Lock {
         }
     }
 
+    /// The error of a wait that ran out: the last backend error, else `TimedOut` with the time
+    /// left on the holder's lease as this call's last busy reply said or, when its own tries
+    /// went unanswered (queued behind other local waiters, a slow server), as another waiter of
+    /// the name here last heard from the server.
     fn timed_out(
         &self,
         started: Instant,
         remaining: Option<Duration>,
         last_err: Option<LockError>,
+        watch: Option<&Watch>,
     ) -> LockError {
         if let Some(e) = last_err {
             return e;
         }
+        let retry_after = remaining.or_else(|| {
+            watch
+                .and_then(Watch::reported_lease_end)
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .filter(|d| !d.is_zero())
+        });
         LockError::TimedOut {
             key: self.name.clone(),
             waited: started.elapsed(),
-            retry_after: remaining,
+            retry_after,
         }
     }
 }

@@ -33,6 +33,10 @@ struct Queue {
     slots: VecDeque<Arc<Slot>>,
     /// When the current holder's lease ends, as last reported by a failed try.
     lease_end: Option<Instant>,
+    /// The same, only as a server reported it (a busy reply with the time left; never a guess):
+    /// a waiter whose own tries went unanswered reports it with its time-out. Cleared by a
+    /// release.
+    reported_end: Option<Instant>,
 }
 
 /// Called when a queue becomes empty (the Redis backend unsubscribes then).
@@ -112,7 +116,10 @@ impl WaitQueues {
 
     /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.
     pub fn wake_one(&self, key: &str) -> bool {
-        let map = self.lock();
+        let mut map = self.lock();
+        if let Some(q) = map.get_mut(key) {
+            q.reported_end = None;
+        }
         if let Some(q) = map.get(key)
             && let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire))
         {
@@ -127,7 +134,10 @@ impl WaitQueues {
     /// too. For a backend that hears one release several times (Redlock: once per node), so
     /// that the copies do not wake more waiters. Returns whether one was woken.
     pub(crate) fn wake_one_unless_pending(&self, key: &str) -> bool {
-        let map = self.lock();
+        let mut map = self.lock();
+        if let Some(q) = map.get_mut(key) {
+            q.reported_end = None;
+        }
         if let Some(q) = map.get(key)
             && !q.slots.iter().any(|s| s.woken.load(Ordering::Acquire))
             && let Some(s) = q.slots.front()
@@ -172,6 +182,16 @@ impl WaitQueues {
 
     fn lease_end(&self, key: &str) -> Option<Instant> {
         self.lock().get(key).and_then(|q| q.lease_end)
+    }
+
+    fn set_reported_end(&self, key: &str, end: Instant) {
+        if let Some(q) = self.lock().get_mut(key) {
+            q.reported_end = Some(end);
+        }
+    }
+
+    fn reported_end(&self, key: &str) -> Option<Instant> {
+        self.lock().get(key).and_then(|q| q.reported_end)
     }
 
     fn remove(&self, key: &str, slot: &Slot) {
@@ -251,6 +271,22 @@ impl Watch {
     /// When the holder's lease ends, as last reported to this queue.
     pub fn lease_end(&self) -> Option<Instant> {
         self.queues.upgrade().and_then(|q| q.lease_end(&self.key))
+    }
+
+    /// Records when the holder's lease ends as a server reported it (a busy reply's time left),
+    /// for every waiter of this name in this process.
+    pub fn note_reported_end(&self, end: Instant) {
+        if let Some(q) = self.queues.upgrade() {
+            q.set_reported_end(&self.key, end);
+        }
+    }
+
+    /// The holder's lease end as last reported by a server to any waiter of this name here,
+    /// since the last release; `None` when no busy reply said.
+    pub fn reported_lease_end(&self) -> Option<Instant> {
+        self.queues
+            .upgrade()
+            .and_then(|q| q.reported_end(&self.key))
     }
 }
 
