@@ -20,7 +20,11 @@ use std::time::Duration;
 
 use crate::backend::BoxFuture;
 
+#[cfg(feature = "etcd")]
+pub use crate::backend::etcd::admin::EtcdAdmin;
 pub use crate::backend::redis::admin::RedisAdmin;
+#[cfg(feature = "zookeeper")]
+pub use crate::backend::zookeeper::admin::ZookeeperAdmin;
 
 /// The bound of each call the admin implementations make to a server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -254,6 +258,16 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// `message` with every occurrence of `secret` (a password from a URL) replaced by `***`: a
+/// last guard for messages built from a client library's errors.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn without_secret(message: String, secret: Option<&str>) -> String {
+    match secret {
+        Some(s) if !s.is_empty() && message.contains(s) => message.replace(s, "***"),
+        _ => message,
+    }
+}
+
 /// The literal start of a shell glob (everything before its first `*`, `?`, `[` or `\`): the
 /// prefix an engine can filter on before the caller matches the whole pattern.
 pub fn glob_prefix(pattern: &str) -> &str {
@@ -324,6 +338,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     match scheme.as_str() {
         "redis" | "rediss" | "unix" | "redis+unix" => Ok(Box::new(
             crate::backend::redis::admin::RedisAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Box::new(
+            crate::backend::zookeeper::admin::ZookeeperAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Box::new(
+            crate::backend::etcd::admin::EtcdAdmin::connect(url).await?,
         )),
         other => {
             let feature = match other {
