@@ -173,14 +173,14 @@ impl EtcdAdmin {
             prefix: DEFAULT_PREFIX.to_string(),
             secret,
         };
-        // One read, so a wrong address fails here rather than at the first command.
+        // One read, so a wrong address (a connection error) or a user without rights on the
+        // prefix (a server error) fails here rather than at the first command.
         admin
             .get(
                 format!("{}/", admin.prefix),
                 GetOptions::new().with_prefix().with_count_only(),
             )
-            .await
-            .map_err(|e| AdminError::connect(e.message))?;
+            .await?;
         Ok(admin)
     }
 
