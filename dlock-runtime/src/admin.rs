@@ -13,7 +13,8 @@
 //! ([`AdminErrorKind::Server`]), and never contains a password.
 //!
 //! What an engine can see differs, and [`LockInfo`] says so with `Option`s: a lock table has no
-//! waiters to count, a ZooKeeper or etcd lease is a session's (no remaining time per lock).
+//! waiters to count, a ZooKeeper lease is a session's (no remaining time per lock), an etcd
+//! lease is the holder process's (its time left until the next keep-alive is what is shown).
 
 use std::fmt;
 use std::time::Duration;
@@ -59,7 +60,9 @@ pub struct LockInfo {
     /// Who holds it (one owner, except for a name in the middle of a hand-over).
     pub holders: Vec<Holder>,
     /// Time left on the lease; `None` when the engine keeps no per-lock expiry (a session's
-    /// lease: ZooKeeper, etcd, PostgreSQL advisory locks) or the lock never expires.
+    /// lease: ZooKeeper, PostgreSQL advisory locks) or the lock never expires. etcd: the time
+    /// left on the lease the holder's process keeps alive (whole seconds; it is renewed every
+    /// third of it while the process lives).
     pub remaining: Option<Duration>,
     /// The fencing token of the current hold, when the engine stores it with the lock.
     pub token: Option<u64>,

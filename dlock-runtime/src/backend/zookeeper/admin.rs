@@ -123,13 +123,15 @@ impl ZookeeperAdmin {
         }
         let what = format!("connecting to {shown}");
         let client = bounded(&what, async {
-            connector
-                .connect(hosts)
-                .await
-                // Every failure to open a session is a connection failure.
-                .map_err(|e| {
-                    AdminError::connect(without_secret(format!("{what}: {e}"), secret.as_deref()))
-                })
+            connector.connect(hosts).await.map_err(|e| {
+                let msg = without_secret(format!("{what}: {e}"), secret.as_deref());
+                match e {
+                    // A malformed host list or chroot.
+                    zk::Error::BadArguments(_) => AdminError::unsupported(msg),
+                    // Every other failure to open a session is a connection failure.
+                    _ => AdminError::connect(msg),
+                }
+            })
         })
         .await?;
         Ok(ZookeeperAdmin {
