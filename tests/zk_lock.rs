@@ -646,3 +646,76 @@ async fn admin_over_a_digest_url_reads_and_unlocks_and_never_shows_the_password(
     assert_eq!(reason, dlock::LostReason::NotOwner);
     assert_eq!(admin.show("acl-adm").await.unwrap(), None);
 }
+
+async fn next(w: &mut dlock::admin::Watching) -> dlock::admin::LockEvent {
+    match tokio::time::timeout(Duration::from_secs(15), w.events.recv()).await {
+        Ok(Some(Ok(e))) => e,
+        other => panic!("no watch event: {other:?}"),
+    }
+}
+
+/// The admin's watch (issue 11) across a dropped connection of its own: events while it was
+/// disconnected may be lost (ZOOKEEPER-4698), so it reads the locks again once reconnected and
+/// reports what changed: the holder of before released, the holder of now acquired (owner and
+/// token). Before that, a contender queueing and leaving shows as `Other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_watch_reports_changes_missed_while_its_connection_was_down() {
+    use dlock::admin::LockEvent;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    let admin = dlock::admin::connect(&format!("zk://127.0.0.1:{}", proxy.port()))
+        .await
+        .expect("admin through the proxy");
+    let a: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let b: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let first = Lock::new("rc").with_backend(a).acquire().await.unwrap();
+    let mut w = admin.watch("rc").await.expect("watch");
+    // A contender that waits briefly queues a node and removes it when it gives up.
+    let e = Lock::new("rc")
+        .with_backend(b.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_contended() || matches!(e, dlock::LockError::TimedOut { .. }),
+        "{e:?}"
+    );
+    let mut seen = vec![next(&mut w).await, next(&mut w).await];
+    seen.sort_by_key(|e| format!("{e:?}"));
+    assert!(
+        seen.iter()
+            .all(|e| matches!(e, LockEvent::Other { name, .. } if name == "rc")),
+        "{seen:?}"
+    );
+
+    proxy.set_mode(Mode::Reset);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let second = Lock::new("rc").with_backend(b).acquire().await.unwrap();
+    proxy.set_mode(Mode::Pass);
+
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e| matches!(e, LockEvent::Acquired { .. })) {
+        seen.push(next(&mut w).await);
+    }
+    assert_eq!(
+        seen[0],
+        LockEvent::Released { name: "rc".into() },
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&LockEvent::Acquired {
+            name: "rc".into(),
+            owner: Some(second.owner().to_string()),
+            token: Some(second.fencing_token()),
+        }),
+        "{seen:?}"
+    );
+    second.release().await.unwrap();
+    assert_eq!(
+        next(&mut w).await,
+        LockEvent::Released { name: "rc".into() }
+    );
+}

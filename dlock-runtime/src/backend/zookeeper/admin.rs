@@ -376,9 +376,27 @@ impl ZookeeperAdmin {
                     zk::EventType::Session => match ev.session_state {
                         zk::SessionState::Disconnected => disconnected = true,
                         zk::SessionState::SyncConnected if disconnected => {
-                            // Events during the disconnection may be lost (ZOOKEEPER-4698):
-                            // read everything again and report what changed.
                             disconnected = false;
+                            // zookeeper-client 0.9.3 does not register persistent watches
+                            // again after a reconnection (its `resend_watches` sends only the
+                            // one-shot kinds): add it again (the old watcher, dropped after,
+                            // then removes nothing on the server).
+                            let again = me
+                                .call(
+                                    || format!("watching {} on {} again", me.root, me.shown),
+                                    me.client
+                                        .watch(&me.root, zk::AddWatchMode::PersistentRecursive),
+                                )
+                                .await;
+                            match again {
+                                Ok(w) => watcher = w,
+                                Err(e) => {
+                                    let _ = tx.send(Err(e)).await;
+                                    return;
+                                }
+                            }
+                            // Events during the disconnection may be lost anyway
+                            // (ZOOKEEPER-4698): read everything again and report what changed.
                             match me.snapshot(&prefix).await {
                                 Ok(fresh) => {
                                     out = diff(&state, &fresh);
