@@ -1129,3 +1129,39 @@ async fn admin_over_an_auth_url_reads_and_unlocks_and_never_shows_the_password()
     assert_eq!(reason, dlock::LostReason::NotOwner);
     assert_eq!(admin.show("auth-adm").await.unwrap(), None);
 }
+
+/// Keys under the lock prefix that are not contender keys (`/dlock/<not an escaped name>/..`,
+/// `/dlock/<name>` without a contender part, deeper keys) are counted in the admin's `skipped`,
+/// never listed; the backend's own cancel markers are neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_list_counts_foreign_keys_as_skipped() {
+    let cluster = start(1).await;
+    let b = etcd_backend(&cluster).await;
+    let g = Lock::new("skip:1")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let mut c = admin(&cluster).await;
+    for k in [
+        "/dlock/skip:raw/x".to_string(),
+        "/dlock/skip%3A2".to_string(),
+        format!("{}a/b", b.lock_prefix("skip:1")),
+        "/dlock/.cancelled/skip%3A3/00-00".to_string(),
+        "/dlock/other:raw/x".to_string(),
+    ] {
+        c.put(k, "x", None).await.unwrap();
+    }
+    let admin = dlock::admin::connect(&cluster.url()).await.unwrap();
+    let all = admin.list("").await.unwrap();
+    assert_eq!(all.locks.len(), 1, "{all:?}");
+    assert_eq!(all.locks[0].name, "skip:1");
+    assert_eq!(all.locks[0].token, Some(g.fencing_token()));
+    assert_eq!(all.skipped, 4, "{all:?}");
+    let some = admin.list("skip").await.unwrap();
+    assert_eq!(
+        some.skipped, 3,
+        "only the foreign keys under the prefix: {some:?}"
+    );
+    g.release().await.unwrap();
+}

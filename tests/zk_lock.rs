@@ -719,3 +719,44 @@ async fn admin_watch_reports_changes_missed_while_its_connection_was_down() {
         LockEvent::Released { name: "rc".into() }
     );
 }
+
+/// Nodes under the lock root that dlock never writes (a root child whose name is not an
+/// escaped lock name, a child of a lock parent that is not a contender node) are counted in the
+/// admin's `skipped`, never listed; they do not hide the lock next to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_list_counts_foreign_nodes_as_skipped() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let b = zk_backend(&server).await;
+    let g = Lock::new("skip:1")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let c = admin(&server).await;
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    c.create("/dlock/skip:raw", b"", &persistent).await.unwrap();
+    c.create(
+        &format!("{}/foreign", b.lock_dir("skip:1")),
+        b"",
+        &persistent,
+    )
+    .await
+    .unwrap();
+    c.create("/dlock/other:raw", b"", &persistent)
+        .await
+        .unwrap();
+    let admin = dlock::admin::connect(&server.url()).await.unwrap();
+    let all = admin.list("").await.unwrap();
+    assert_eq!(all.locks.len(), 1, "{all:?}");
+    assert_eq!(all.locks[0].name, "skip:1");
+    assert_eq!(all.locks[0].token, Some(g.fencing_token()));
+    assert_eq!(all.skipped, 3, "{all:?}");
+    let some = admin.list("skip").await.unwrap();
+    assert_eq!(some.locks.len(), 1, "{some:?}");
+    assert_eq!(
+        some.skipped, 2,
+        "only the foreign nodes under the prefix: {some:?}"
+    );
+    g.release().await.unwrap();
+}

@@ -301,9 +301,11 @@ impl ZookeeperAdmin {
         };
         let mut locks = Vec::new();
         let mut skipped = 0;
+        // A foreign child counts when it falls under the prefix as the backend escapes it.
+        let escaped_prefix = escape(prefix);
         for d in dirs {
             let Some(name) = unescape(&d) else {
-                skipped += 1;
+                skipped += usize::from(d.starts_with(&escaped_prefix));
                 continue;
             };
             if !name.starts_with(prefix) {
