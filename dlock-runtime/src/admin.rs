@@ -271,6 +271,28 @@ pub(crate) fn without_secret(message: String, secret: Option<&str>) -> String {
     }
 }
 
+/// Decodes a path segment that a backend escaped with `escape` (bytes other than ASCII
+/// alphanumerics, `-`, `_` and a non-leading `.` as `%XX`): the lock name, or `None` when the
+/// segment is not one the backend would write (it must escape back to itself).
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn unescape_segment(escaped: &str, escape: fn(&str) -> String) -> Option<String> {
+    let b = escaped.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let s = String::from_utf8(out).ok()?;
+    (!s.is_empty() && escape(&s) == escaped).then_some(s)
+}
+
 /// The literal start of a shell glob (everything before its first `*`, `?`, `[` or `\`): the
 /// prefix an engine can filter on before the caller matches the whole pattern.
 pub fn glob_prefix(pattern: &str) -> &str {

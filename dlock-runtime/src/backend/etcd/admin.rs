@@ -74,21 +74,7 @@ enum KeyKind {
 
 /// The lock name of an escaped path segment (it must escape back to itself).
 fn unescape(escaped: &str) -> Option<String> {
-    let b = escaped.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = escaped.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    let s = String::from_utf8(out).ok()?;
-    (!s.is_empty() && escape(&s) == escaped).then_some(s)
+    crate::admin::unescape_segment(escaped, escape)
 }
 
 fn kind_of(prefix: &str, key: &[u8]) -> KeyKind {

@@ -58,21 +58,7 @@ fn map(what: &str, e: zk::Error, secret: Option<&str>) -> AdminError {
 /// The lock name of an escaped lock parent, or `None` for a child of the root that the backend
 /// never writes (it must escape back to itself).
 pub(crate) fn unescape(escaped: &str) -> Option<String> {
-    let b = escaped.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = escaped.get(i + 1..i + 3)?;
-            out.push(u8::from_str_radix(hex, 16).ok()?);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    let s = String::from_utf8(out).ok()?;
-    (!s.is_empty() && escape(&s) == escaped).then_some(s)
+    crate::admin::unescape_segment(escaped, escape)
 }
 
 /// The contender nodes of one lock parent: sequence -> child name, and the children that are
