@@ -239,6 +239,24 @@ macro_rules! admin_backends {
                 }
             )*
         }
+        #[cfg(feature = "zookeeper")]
+        mod on_zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::zookeeper().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "etcd")]
+        mod on_etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::etcd().await).await
+                }
+            )*
+        }
     };
 }
 

@@ -888,3 +888,280 @@ async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
     }
     assert_eq!(counter.load(Relaxed), 50, "lost updates");
 }
+
+/// Waits for the first watch event for which `want` is true; returns every event seen up to it.
+async fn events_until(
+    w: &mut dlock::admin::Watching,
+    limit: Duration,
+    want: impl Fn(&dlock::admin::LockEvent) -> bool,
+) -> Vec<dlock::admin::LockEvent> {
+    let deadline = tokio::time::Instant::now() + limit;
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout_at(deadline, w.events.recv()).await {
+            Ok(Some(Ok(e))) => {
+                let done = want(&e);
+                seen.push(e);
+                if done {
+                    return seen;
+                }
+            }
+            Ok(Some(Err(e))) => panic!("watch failed: {e}; events {seen:?}"),
+            Ok(None) => panic!("watch ended; events {seen:?}"),
+            Err(_) => panic!("the awaited event did not come within {limit:?}; events {seen:?}"),
+        }
+    }
+}
+
+/// The operator's view (issue 11) of an etcd lock held by another process: `show` reports the
+/// owner id stored in the key, the holder's token and the time left on its lease (kept alive by
+/// the holder). When the holder process is SIGKILLed, its key goes with its lease, and the
+/// admin's watch reports that as `Expired`, not as a release; a release by a live holder is a
+/// `Released`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_shows_the_lease_left_and_its_watch_tells_an_expiry_from_a_release() {
+    use dlock::admin::LockEvent;
+    let cluster = start(1).await;
+    let admin = dlock::admin::connect(&cluster.url()).await.expect("admin");
+    assert_eq!(admin.engine(), "etcd");
+    let mut w = admin.watch("crash").await.expect("watch");
+    assert!(w.sees_acquisitions);
+    let mut child = spawn_self(
+        CHILD_ENTRY,
+        "hold",
+        &[("DLOCK_ETCD", cluster.endpoints().join(","))],
+    );
+    let line = tokio::task::block_in_place(|| child.expect_line(Duration::from_secs(30)));
+    let child_token: u64 = line
+        .strip_prefix("acquired ")
+        .unwrap_or_else(|| panic!("unexpected child line {line:?}"))
+        .parse()
+        .unwrap();
+    let seen = events_until(&mut w, Duration::from_secs(10), |e| {
+        matches!(e, LockEvent::Acquired { .. })
+    })
+    .await;
+    assert!(
+        matches!(seen.last(), Some(LockEvent::Acquired { name, token: Some(t), owner: Some(_) })
+            if name == "crash" && *t == child_token),
+        "{seen:?}"
+    );
+    let info = admin
+        .show("crash")
+        .await
+        .unwrap()
+        .expect("held by the child");
+    assert_eq!(info.token, Some(child_token));
+    assert_eq!(info.waiters, Some(0));
+    let left = info.remaining.expect("the lease's time left");
+    assert!(left <= Duration::from_secs(2), "{left:?} on a 2-s lease");
+
+    child.kill();
+    let seen = events_until(&mut w, Duration::from_secs(10), |e| {
+        !matches!(e, LockEvent::Other { .. })
+    })
+    .await;
+    assert_eq!(
+        seen.last(),
+        Some(&LockEvent::Expired {
+            name: "crash".into()
+        }),
+        "the lease end is an expiry: {seen:?}"
+    );
+
+    let b = etcd_backend(&cluster).await;
+    let g = Lock::new("crash")
+        .with_backend(Arc::new(b))
+        .acquire()
+        .await
+        .unwrap();
+    let token = g.fencing_token();
+    g.release().await.unwrap();
+    let seen = events_until(&mut w, Duration::from_secs(10), |e| {
+        matches!(e, LockEvent::Released { .. } | LockEvent::Expired { .. })
+    })
+    .await;
+    assert!(
+        seen.iter()
+            .any(|e| matches!(e, LockEvent::Acquired { token: Some(t), .. } if *t == token)),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&LockEvent::Released {
+            name: "crash".into()
+        }),
+        "a release is not an expiry: {seen:?}"
+    );
+}
+
+/// A holder whose key the operator force-releases hears `lost()` (NotOwner) at its next renewal
+/// (a third of its ttl), not at its deadline; a contender queued behind it is handed the lock at
+/// once, and the evicted holder's give-back deletes nothing of the new holder's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_released_holder_hears_lost_at_its_next_renewal_and_the_queued_contender_takes_over()
+{
+    use dlock::admin::ForceReleased;
+    let cluster = start(1).await;
+    let a: Arc<dyn dlock::Backend> = Arc::new(etcd_backend(&cluster).await);
+    let b: Arc<dyn dlock::Backend> = Arc::new(etcd_backend(&cluster).await);
+    let admin = dlock::admin::connect(&cluster.url()).await.expect("admin");
+    let ttl = Duration::from_secs(3);
+    let holder = Lock::new("evict")
+        .with_backend(a)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let lost = holder.lost();
+    let waiter = tokio::spawn(async move {
+        Lock::new("evict")
+            .with_backend(b)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    let queued = common::eventually(Duration::from_secs(10), || async {
+        admin
+            .show("evict")
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waiters == Some(1))
+    })
+    .await;
+    assert!(queued, "the contender never showed up queued");
+    let info = admin.show("evict").await.unwrap().expect("held");
+    assert_eq!(info.holders[0].owner, holder.owner(), "{info:?}");
+    assert_eq!(info.token, Some(holder.fencing_token()));
+
+    let t0 = Instant::now();
+    let r = admin.force_release("evict", Some(&info)).await.unwrap();
+    assert!(
+        matches!(&r, ForceReleased::Released { woke: Some(1), .. }),
+        "{r:?}"
+    );
+    let g2 = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the queued contender was not handed the lock")
+        .unwrap()
+        .expect("the queued contender acquires");
+    assert!(g2.fencing_token() > holder.fencing_token());
+    let reason = tokio::time::timeout(ttl / 3 + Duration::from_millis(1500), lost)
+        .await
+        .expect("the evicted holder did not hear lost() at its next renewal");
+    assert_eq!(reason, dlock::LostReason::NotOwner);
+    assert!(t0.elapsed() < ttl, "lost after {:?}", t0.elapsed());
+    let _ = holder.release().await;
+    let now = admin
+        .show("evict")
+        .await
+        .unwrap()
+        .expect("held by the contender");
+    assert_eq!(now.token, Some(g2.fencing_token()));
+    assert_eq!(now.holders[0].owner, g2.owner());
+    // A second force-release with the old view is refused: the hold changed hands.
+    assert_eq!(
+        admin.force_release("evict", Some(&info)).await.unwrap(),
+        ForceReleased::Changed
+    );
+    g2.release().await.unwrap();
+}
+
+/// `etcd://user:password@` for the admin (issue 11), with authentication on: the
+/// least-privilege user reads and unlocks; a wrong password is a connection error, a user
+/// without rights on the prefix a server error, an unreachable endpoint a connection error
+/// within the bound. No target, `Debug` output or error message contains a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_over_an_auth_url_reads_and_unlocks_and_never_shows_the_password() {
+    use dlock::admin::{AdminErrorKind, ForceReleased};
+    let cluster = start(1).await;
+    enable_auth(&cluster).await;
+    let holder = build_as(&cluster, Some(("locker", LOCKER_PASSWORD)))
+        .await
+        .unwrap();
+    // A 3-s ttl: the holder checks its key every second.
+    let g = Lock::new("auth-adm")
+        .with_backend(Arc::new(holder))
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    let eps = cluster.endpoints().join(",");
+    let admin = dlock::admin::connect(&format!("etcd://locker:{LOCKER_PASSWORD}@{eps}"))
+        .await
+        .expect("admin as the locker user");
+    assert_eq!(admin.target(), format!("etcd://locker@{eps}"));
+    assert!(!format!("{admin:?}").contains(LOCKER_PASSWORD));
+    let listing = admin.list("auth-").await.expect("list as locker");
+    assert_eq!(listing.locks.len(), 1, "{listing:?}");
+    let info = &listing.locks[0];
+    assert_eq!(info.token, Some(g.fencing_token()));
+    assert!(!format!("{info:?}").contains(LOCKER_PASSWORD));
+
+    let e = dlock::admin::connect(&format!("etcd://locker:Wr0ng-Pw@{eps}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+    assert!(!e.message.contains("Wr0ng-Pw"), "{e}");
+    // `outsider` has the same password, and no rights on /dlock/.
+    let e = dlock::admin::connect(&format!("etcd://outsider:{LOCKER_PASSWORD}@{eps}"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::Server, "{e}");
+    assert!(e.message.contains("permission denied"), "{e}");
+    assert!(!e.message.contains(LOCKER_PASSWORD), "{e}");
+    let closed = common::free_port();
+    let t = Instant::now();
+    let e = dlock::admin::connect(&format!(
+        "etcd://locker:{LOCKER_PASSWORD}@127.0.0.1:{closed}"
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+    assert!(!e.message.contains(LOCKER_PASSWORD), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+
+    let r = admin.force_release("auth-adm", Some(info)).await.unwrap();
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("the evicted holder hears lost()");
+    assert_eq!(reason, dlock::LostReason::NotOwner);
+    assert_eq!(admin.show("auth-adm").await.unwrap(), None);
+}
+
+/// Keys under the lock prefix that are not contender keys (`/dlock/<not an escaped name>/..`,
+/// `/dlock/<name>` without a contender part, deeper keys) are counted in the admin's `skipped`,
+/// never listed; the backend's own cancel markers are neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_list_counts_foreign_keys_as_skipped() {
+    let cluster = start(1).await;
+    let b = etcd_backend(&cluster).await;
+    let g = Lock::new("skip:1")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let mut c = admin(&cluster).await;
+    for k in [
+        "/dlock/skip:raw/x".to_string(),
+        "/dlock/skip%3A2".to_string(),
+        format!("{}a/b", b.lock_prefix("skip:1")),
+        "/dlock/.cancelled/skip%3A3/00-00".to_string(),
+        "/dlock/other:raw/x".to_string(),
+    ] {
+        c.put(k, "x", None).await.unwrap();
+    }
+    let admin = dlock::admin::connect(&cluster.url()).await.unwrap();
+    let all = admin.list("").await.unwrap();
+    assert_eq!(all.locks.len(), 1, "{all:?}");
+    assert_eq!(all.locks[0].name, "skip:1");
+    assert_eq!(all.locks[0].token, Some(g.fencing_token()));
+    assert_eq!(all.skipped, 4, "{all:?}");
+    let some = admin.list("skip").await.unwrap();
+    assert_eq!(
+        some.skipped, 3,
+        "only the foreign keys under the prefix: {some:?}"
+    );
+    g.release().await.unwrap();
+}

@@ -468,3 +468,295 @@ fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
         "lost updates: two holders overlapped"
     );
 }
+
+/// The operator's view (issue 11) of a ZooKeeper lock: `show` names the holder's owner id (the
+/// node's data), its token and the contender queued behind it; a force-release deletes the
+/// holder's node only, so the queued contender's predecessor watch fires and it takes over at
+/// once, and the evicted holder hears `lost()` (NotOwner) at its next check of its node (a
+/// third of the session timeout), long before any lease would end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_released_holder_hears_lost_at_its_next_check_and_the_queued_contender_takes_over() {
+    use dlock::admin::ForceReleased;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let a: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let b: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let admin = dlock::admin::connect(&server.url()).await.expect("admin");
+    assert_eq!(admin.engine(), "zookeeper");
+    let holder = Lock::new("evict")
+        .with_backend(a)
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let lost = holder.lost();
+    let waiter = tokio::spawn(async move {
+        Lock::new("evict")
+            .with_backend(b)
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+    });
+    let queued = common::eventually(Duration::from_secs(10), || async {
+        admin
+            .show("evict")
+            .await
+            .unwrap()
+            .is_some_and(|i| i.waiters == Some(1))
+    })
+    .await;
+    assert!(queued, "the contender never showed up queued");
+    let info = admin.show("evict").await.unwrap().expect("held");
+    assert_eq!(info.holders[0].owner, holder.owner(), "{info:?}");
+    assert_eq!(info.token, Some(holder.fencing_token()));
+    assert_eq!(
+        info.remaining, None,
+        "a session's lease has no per-lock expiry"
+    );
+    assert!(
+        info.details
+            .iter()
+            .any(|(k, v)| k == "holder node" && v.starts_with("/dlock/evict/_c_")),
+        "{:?}",
+        info.details
+    );
+
+    let t0 = Instant::now();
+    let r = admin.force_release("evict", Some(&info)).await.unwrap();
+    assert!(
+        matches!(&r, ForceReleased::Released { woke: Some(1), .. }),
+        "{r:?}"
+    );
+    let g2 = tokio::time::timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("the queued contender was not handed the lock")
+        .unwrap()
+        .expect("the queued contender acquires");
+    assert!(g2.fencing_token() > holder.fencing_token());
+    let reason = tokio::time::timeout(SESSION / 3 + Duration::from_millis(1500), lost)
+        .await
+        .expect("the evicted holder did not hear lost() at its next check");
+    assert_eq!(reason, dlock::LostReason::NotOwner);
+    assert!(t0.elapsed() < SESSION * 2, "lost after {:?}", t0.elapsed());
+    assert!(!holder.is_valid());
+    // The evicted holder's give-back deletes nothing of the new holder's.
+    let _ = holder.release().await;
+    let now = admin
+        .show("evict")
+        .await
+        .unwrap()
+        .expect("held by the contender");
+    assert_eq!(now.token, Some(g2.fencing_token()));
+    assert_eq!(now.holders[0].owner, g2.owner());
+    assert_eq!(now.waiters, Some(0));
+    g2.release().await.unwrap();
+    assert_eq!(admin.show("evict").await.unwrap(), None);
+}
+
+/// `zk://user:password@` for the admin (issue 11): with the lock root restricted to one digest
+/// identity, the admin with that identity reads and unlocks; without it, or with a wrong
+/// password, reading is a server error (NoAuth); an unreachable server is a connection error
+/// within the bound. No target, `Debug` output or error message contains a password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_over_a_digest_url_reads_and_unlocks_and_never_shows_the_password() {
+    use dlock::admin::{AdminErrorKind, ForceReleased};
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let operator = zk::Client::connector()
+        .session_timeout(Duration::from_secs(5))
+        .auth(
+            "digest".to_string(),
+            format!("{DIGEST_USER}:{DIGEST_PASSWORD}").into_bytes(),
+        )
+        .connect(&server.hosts())
+        .await
+        .expect("operator client");
+    operator
+        .create(
+            "/dlock",
+            b"",
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::creator_all()),
+        )
+        .await
+        .expect("create /dlock with the digest user's ACL");
+    let good = dlock::ZookeeperBackend::builder(&server.hosts())
+        .session_timeout(SESSION)
+        .digest_auth(DIGEST_USER, DIGEST_PASSWORD)
+        .build()
+        .await
+        .unwrap();
+    let g = Lock::new("acl-adm")
+        .with_backend(Arc::new(good))
+        .acquire()
+        .await
+        .unwrap();
+
+    let url = format!("zk://{DIGEST_USER}:{DIGEST_PASSWORD}@{}", server.hosts());
+    let admin = dlock::admin::connect(&url).await.expect("admin by URL");
+    assert_eq!(
+        admin.target(),
+        format!("zk://{DIGEST_USER}@{}", server.hosts())
+    );
+    assert!(!format!("{admin:?}").contains(DIGEST_PASSWORD));
+    let listing = admin.list("").await.expect("list as the digest user");
+    assert_eq!(listing.locks.len(), 1, "{listing:?}");
+    let info = &listing.locks[0];
+    assert_eq!(info.name, "acl-adm");
+    assert_eq!(info.token, Some(g.fencing_token()));
+    assert!(!format!("{info:?}").contains(DIGEST_PASSWORD));
+
+    for (who, url, secret) in [
+        ("no credentials", server.url(), None),
+        (
+            "wrong password",
+            format!("zk://{DIGEST_USER}:Wr0ng-Pw@{}", server.hosts()),
+            Some("Wr0ng-Pw"),
+        ),
+    ] {
+        // ZooKeeper accepts any digest at connect; the root's ACL refuses the reads.
+        let other = dlock::admin::connect(&url).await.expect("session opens");
+        let e = other.list("").await.unwrap_err();
+        assert_eq!(e.kind, AdminErrorKind::Server, "{who}: {e}");
+        assert!(e.message.contains("not authorized"), "{who}: {e}");
+        let e = other.show("acl-adm").await.unwrap_err();
+        assert_eq!(e.kind, AdminErrorKind::Server, "{who}: {e}");
+        for s in [Some(DIGEST_PASSWORD), secret].into_iter().flatten() {
+            assert!(!e.message.contains(s), "{who}: {e}");
+            assert!(!format!("{other:?}").contains(s), "{who}");
+            assert!(!other.target().contains(s), "{who}");
+        }
+    }
+
+    // Nothing listens on this port: a connection error within the call bound.
+    let closed = common::free_port();
+    let t = Instant::now();
+    let e = dlock::admin::connect(&format!(
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD}@127.0.0.1:{closed}"
+    ))
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+    assert!(!e.message.contains(DIGEST_PASSWORD), "{e}");
+    assert!(t.elapsed() < Duration::from_secs(8), "{:?}", t.elapsed());
+
+    let r = admin.force_release("acl-adm", Some(info)).await.unwrap();
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("the evicted holder hears lost()");
+    assert_eq!(reason, dlock::LostReason::NotOwner);
+    assert_eq!(admin.show("acl-adm").await.unwrap(), None);
+}
+
+async fn next(w: &mut dlock::admin::Watching) -> dlock::admin::LockEvent {
+    match tokio::time::timeout(Duration::from_secs(15), w.events.recv()).await {
+        Ok(Some(Ok(e))) => e,
+        other => panic!("no watch event: {other:?}"),
+    }
+}
+
+/// The admin's watch (issue 11) across a dropped connection of its own: events while it was
+/// disconnected may be lost (ZOOKEEPER-4698), so it reads the locks again once reconnected and
+/// reports what changed: the holder of before released, the holder of now acquired (owner and
+/// token). Before that, a contender queueing and leaving shows as `Other`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_watch_reports_changes_missed_while_its_connection_was_down() {
+    use dlock::admin::LockEvent;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    let admin = dlock::admin::connect(&format!("zk://127.0.0.1:{}", proxy.port()))
+        .await
+        .expect("admin through the proxy");
+    let a: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let b: Arc<dyn dlock::Backend> = Arc::new(zk_backend(&server).await);
+    let first = Lock::new("rc").with_backend(a).acquire().await.unwrap();
+    let mut w = admin.watch("rc").await.expect("watch");
+    // A contender that waits briefly queues a node and removes it when it gives up.
+    let e = Lock::new("rc")
+        .with_backend(b.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(
+        e.is_contended() || matches!(e, dlock::LockError::TimedOut { .. }),
+        "{e:?}"
+    );
+    let mut seen = vec![next(&mut w).await, next(&mut w).await];
+    seen.sort_by_key(|e| format!("{e:?}"));
+    assert!(
+        seen.iter()
+            .all(|e| matches!(e, LockEvent::Other { name, .. } if name == "rc")),
+        "{seen:?}"
+    );
+
+    proxy.set_mode(Mode::Reset);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    first.release().await.unwrap();
+    let second = Lock::new("rc").with_backend(b).acquire().await.unwrap();
+    proxy.set_mode(Mode::Pass);
+
+    let mut seen = Vec::new();
+    while !seen.iter().any(|e| matches!(e, LockEvent::Acquired { .. })) {
+        seen.push(next(&mut w).await);
+    }
+    assert_eq!(
+        seen[0],
+        LockEvent::Released { name: "rc".into() },
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.last(),
+        Some(&LockEvent::Acquired {
+            name: "rc".into(),
+            owner: Some(second.owner().to_string()),
+            token: Some(second.fencing_token()),
+        }),
+        "{seen:?}"
+    );
+    second.release().await.unwrap();
+    assert_eq!(
+        next(&mut w).await,
+        LockEvent::Released { name: "rc".into() }
+    );
+}
+
+/// Nodes under the lock root that dlock never writes (a root child whose name is not an
+/// escaped lock name, a child of a lock parent that is not a contender node) are counted in the
+/// admin's `skipped`, never listed; they do not hide the lock next to them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_list_counts_foreign_nodes_as_skipped() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let b = zk_backend(&server).await;
+    let g = Lock::new("skip:1")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    let c = admin(&server).await;
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    c.create("/dlock/skip:raw", b"", &persistent).await.unwrap();
+    c.create(
+        &format!("{}/foreign", b.lock_dir("skip:1")),
+        b"",
+        &persistent,
+    )
+    .await
+    .unwrap();
+    c.create("/dlock/other:raw", b"", &persistent)
+        .await
+        .unwrap();
+    let admin = dlock::admin::connect(&server.url()).await.unwrap();
+    let all = admin.list("").await.unwrap();
+    assert_eq!(all.locks.len(), 1, "{all:?}");
+    assert_eq!(all.locks[0].name, "skip:1");
+    assert_eq!(all.locks[0].token, Some(g.fencing_token()));
+    assert_eq!(all.skipped, 3, "{all:?}");
+    let some = admin.list("skip").await.unwrap();
+    assert_eq!(some.locks.len(), 1, "{some:?}");
+    assert_eq!(
+        some.skipped, 2,
+        "only the foreign nodes under the prefix: {some:?}"
+    );
+    g.release().await.unwrap();
+}

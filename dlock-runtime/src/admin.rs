@@ -13,7 +13,8 @@
 //! ([`AdminErrorKind::Server`]), and never contains a password.
 //!
 //! What an engine can see differs, and [`LockInfo`] says so with `Option`s: a lock table has no
-//! waiters to count, a ZooKeeper or etcd lease is a session's (no remaining time per lock).
+//! waiters to count, a ZooKeeper lease is a session's (no remaining time per lock), an etcd
+//! lease is the holder process's (its time left until the next keep-alive is what is shown).
 
 use std::fmt;
 use std::time::Duration;
@@ -22,10 +23,14 @@ use crate::backend::BoxFuture;
 
 #[cfg(feature = "cluster")]
 pub use crate::backend::cluster::admin::ClusterAdmin;
+#[cfg(feature = "etcd")]
+pub use crate::backend::etcd::admin::EtcdAdmin;
 pub use crate::backend::redis::admin::RedisAdmin;
 pub use crate::backend::redlock::admin::RedlockAdmin;
 #[cfg(feature = "sentinel")]
 pub use crate::backend::sentinel::admin::SentinelAdmin;
+#[cfg(feature = "zookeeper")]
+pub use crate::backend::zookeeper::admin::ZookeeperAdmin;
 
 /// The bound of each call the admin implementations make to a server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -60,7 +65,9 @@ pub struct LockInfo {
     /// Who holds it (one owner, except for a name in the middle of a hand-over).
     pub holders: Vec<Holder>,
     /// Time left on the lease; `None` when the engine keeps no per-lock expiry (a session's
-    /// lease: ZooKeeper, etcd, PostgreSQL advisory locks) or the lock never expires.
+    /// lease: ZooKeeper, PostgreSQL advisory locks) or the lock never expires. etcd: the time
+    /// left on the lease the holder's process keeps alive (whole seconds; it is renewed every
+    /// third of it while the process lives).
     pub remaining: Option<Duration>,
     /// The fencing token of the current hold, when the engine stores it with the lock.
     pub token: Option<u64>,
@@ -258,6 +265,38 @@ pub(crate) async fn bounded<T>(
     }
 }
 
+/// `message` with every occurrence of `secret` (a password from a URL) replaced by `***`: a
+/// last guard for messages built from a client library's errors.
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn without_secret(message: String, secret: Option<&str>) -> String {
+    match secret {
+        Some(s) if !s.is_empty() && message.contains(s) => message.replace(s, "***"),
+        _ => message,
+    }
+}
+
+/// Decodes a path segment that a backend escaped with `escape` (bytes other than ASCII
+/// alphanumerics, `-`, `_` and a non-leading `.` as `%XX`): the lock name, or `None` when the
+/// segment is not one the backend would write (it must escape back to itself).
+#[cfg(any(feature = "zookeeper", feature = "etcd"))]
+pub(crate) fn unescape_segment(escaped: &str, escape: fn(&str) -> String) -> Option<String> {
+    let b = escaped.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = escaped.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    let s = String::from_utf8(out).ok()?;
+    (!s.is_empty() && escape(&s) == escaped).then_some(s)
+}
+
 /// The literal start of a shell glob (everything before its first `*`, `?`, `[` or `\`): the
 /// prefix an engine can filter on before the caller matches the whole pattern.
 pub fn glob_prefix(pattern: &str) -> &str {
@@ -328,6 +367,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     match scheme.as_str() {
         "redis" | "rediss" | "unix" | "redis+unix" => Ok(Box::new(
             crate::backend::redis::admin::RedisAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "zookeeper")]
+        "zk" => Ok(Box::new(
+            crate::backend::zookeeper::admin::ZookeeperAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "etcd")]
+        "etcd" => Ok(Box::new(
+            crate::backend::etcd::admin::EtcdAdmin::connect(url).await?,
         )),
         other => {
             let feature = match other {

@@ -698,6 +698,15 @@ impl Env {
                     .expect("admin of the cluster"),
             ),
             Kind::Memory => panic!("the in-memory backend has no admin: it lives in one process"),
+            // Through `admin::connect`, as the CLI dispatches a URL.
+            #[cfg(feature = "zookeeper")]
+            Kind::Zookeeper => dlock::admin::connect(&self.zk_server().url())
+                .await
+                .expect("admin of the private ZooKeeper"),
+            #[cfg(feature = "etcd")]
+            Kind::Etcd => dlock::admin::connect(&self.etcd_env().cluster.url())
+                .await
+                .expect("admin of the private etcd"),
             #[allow(unreachable_patterns)]
             other => panic!("no admin for {other:?}"),
         }

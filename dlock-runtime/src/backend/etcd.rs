@@ -41,6 +41,11 @@ use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
+pub(crate) mod admin;
+
+/// The default key prefix of the lock keys.
+pub(crate) const DEFAULT_PREFIX: &str = "/dlock";
+
 /// Builder of an [`EtcdBackend`].
 #[derive(Clone)]
 pub struct EtcdBackendBuilder {
@@ -255,7 +260,7 @@ pub struct EtcdBackend {
     inner: Arc<Inner>,
 }
 
-fn escape(name: &str) -> String {
+pub(crate) fn escape(name: &str) -> String {
     let mut s = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' && !s.is_empty() {
@@ -265,6 +270,33 @@ fn escape(name: &str) -> String {
         }
     }
     s
+}
+
+/// `(user, password)` and the endpoints of `etcd://[user:password@]host:port[,host:port...]`.
+/// Errors never contain the password.
+pub(crate) type ParsedUrl<'a> = (Option<(&'a str, &'a str)>, Vec<&'a str>);
+
+/// Splits an `etcd://` URL (see [`EtcdBackend::connect`]).
+pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl<'_>, LockError> {
+    let rest = url
+        .strip_prefix("etcd://")
+        .ok_or_else(|| LockError::Config("an etcd URL starts with etcd://".to_string()))?;
+    let rest = rest.trim_end_matches('/');
+    let (userinfo, hosts) = match rest.rfind('@') {
+        Some(at) => match rest[..at].split_once(':') {
+            Some((u, p)) if !u.is_empty() => (Some((u, p)), &rest[at + 1..]),
+            _ => {
+                return Err(LockError::Config(
+                    "the user part of an etcd URL must be `user:password@`".to_string(),
+                ));
+            }
+        },
+        None => (None, rest),
+    };
+    Ok((
+        userinfo,
+        hosts.split(',').filter(|s| !s.is_empty()).collect(),
+    ))
 }
 
 fn lease_secs(ttl: Duration) -> i64 {
@@ -277,7 +309,7 @@ impl EtcdBackend {
     pub fn builder<S: AsRef<str>>(endpoints: &[S]) -> EtcdBackendBuilder {
         EtcdBackendBuilder {
             endpoints: endpoints.iter().map(|e| e.as_ref().to_string()).collect(),
-            prefix: "/dlock".to_string(),
+            prefix: DEFAULT_PREFIX.to_string(),
             request_timeout: Duration::from_secs(5),
             connect_timeout: Duration::from_secs(5),
             user: None,
@@ -289,22 +321,7 @@ impl EtcdBackend {
     /// Connects to `etcd://[user:password@]host:port[,host:port...]` with the default
     /// settings; `user:password` is [`EtcdBackendBuilder::user`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let rest = url
-            .strip_prefix("etcd://")
-            .ok_or_else(|| LockError::Config("an etcd URL starts with etcd://".to_string()))?;
-        let rest = rest.trim_end_matches('/');
-        let (userinfo, hosts) = match rest.rfind('@') {
-            Some(at) => match rest[..at].split_once(':') {
-                Some((u, p)) if !u.is_empty() => (Some((u, p)), &rest[at + 1..]),
-                _ => {
-                    return Err(LockError::Config(
-                        "the user part of an etcd URL must be `user:password@`".to_string(),
-                    ));
-                }
-            },
-            None => (None, rest),
-        };
-        let eps: Vec<&str> = hosts.split(',').filter(|s| !s.is_empty()).collect();
+        let (userinfo, eps) = parse_url(url)?;
         let mut b = Self::builder(&eps);
         if let Some((u, p)) = userinfo {
             b = b.user(u, p);

@@ -1,8 +1,8 @@
 //! The ZooKeeper backend: ephemeral sequential znodes, the lowest sequence holds the lock.
 //!
-//! Layout: `<root>/<escaped name>/_c_<32 hex>-lock-<sequence>`. The lock parent is a container
-//! node (ZooKeeper >= 3.5.3 removes it once empty), the contender nodes are ephemeral, so the
-//! session is the lease.
+//! Layout: `<root>/<escaped name>/_c_<32 hex>-lock-<sequence>`, data = the owner id (what the
+//! operator's `dlock::admin` shows). The lock parent is a container node (ZooKeeper >= 3.5.3
+//! removes it once empty), the contender nodes are ephemeral, so the session is the lease.
 //!
 //! - `try_acquire` creates the caller's node once (protected mode: the `_c_<guid>` prefix lets a
 //!   create whose reply was lost find and keep its own node instead of leaving an orphan), then
@@ -29,6 +29,11 @@ use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
+
+pub(crate) mod admin;
+
+/// The default root of the lock nodes.
+pub(crate) const DEFAULT_ROOT: &str = "/dlock";
 
 /// Builder of a [`ZookeeperBackend`].
 #[derive(Clone)]
@@ -255,11 +260,11 @@ pub struct ZookeeperBackend {
 }
 
 /// `(user, password)` from a URL.
-type UserPass<'a> = (&'a str, &'a str);
+pub(crate) type UserPass<'a> = (&'a str, &'a str);
 
 /// Splits `user:password@rest` (the `@` before the first `/`); no user part leaves `rest`
 /// whole. Errors never contain the password.
-fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
+pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
         return Ok((None, rest));
@@ -273,12 +278,20 @@ fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError>
     }
 }
 
-fn seq_of(child: &str) -> Option<i64> {
+/// Splits `zk://[user:password@]hosts[/chroot]` into its user part and `hosts[/chroot]`.
+pub(crate) fn parse_url(url: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
+    let rest = url
+        .strip_prefix("zk://")
+        .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
+    split_userinfo(rest)
+}
+
+pub(crate) fn seq_of(child: &str) -> Option<i64> {
     let i = child.rfind("-lock-")?;
     child[i + 6..].parse().ok()
 }
 
-fn escape(name: &str) -> String {
+pub(crate) fn escape(name: &str) -> String {
     let mut s = String::with_capacity(name.len());
     for b in name.bytes() {
         if b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.' && !s.is_empty() {
@@ -295,7 +308,7 @@ impl ZookeeperBackend {
     pub fn builder(hosts: &str) -> ZookeeperBackendBuilder {
         ZookeeperBackendBuilder {
             hosts: hosts.to_string(),
-            root: "/dlock".to_string(),
+            root: DEFAULT_ROOT.to_string(),
             session_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             digest: None,
@@ -305,10 +318,7 @@ impl ZookeeperBackend {
     /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` with the default
     /// settings; `user:password` is [`ZookeeperBackendBuilder::digest_auth`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let rest = url
-            .strip_prefix("zk://")
-            .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
-        let (userinfo, hosts) = split_userinfo(rest)?;
+        let (userinfo, hosts) = parse_url(url)?;
         let mut b = Self::builder(hosts);
         if let Some((user, password)) = userinfo {
             b = b.digest_auth(user, password);
@@ -438,7 +448,11 @@ impl Inner {
         );
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
         for _ in 0..3 {
-            match tokio::time::timeout(self.cfg.request_timeout, c.create(&path, b"", &opts)).await
+            match tokio::time::timeout(
+                self.cfg.request_timeout,
+                c.create(&path, key.1.as_bytes(), &opts),
+            )
+            .await
             {
                 Ok(Ok((stat, seq))) => return Ok((format!("{path}{seq}"), stat.czxid as u64)),
                 Ok(Err(zk::Error::NoNode)) => {
