@@ -21,6 +21,10 @@ use std::time::Duration;
 use crate::backend::BoxFuture;
 
 pub use crate::backend::redis::admin::RedisAdmin;
+#[cfg(feature = "mysql")]
+pub use crate::backend::sql::admin::MysqlAdmin;
+#[cfg(feature = "postgres")]
+pub use crate::backend::sql::admin::{PgMode, PostgresAdmin};
 
 /// The bound of each call the admin implementations make to a server.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
@@ -313,7 +317,10 @@ fn scheme_of(url: &str) -> Option<String> {
 /// Connects an [`Admin`] for a URL of any form the registry accepts: `redis://`, `rediss://`
 /// (feature `tls`), `unix://`, `redis+unix://`, `postgres://`/`postgresql://` (feature
 /// `postgres`), `mysql://` (feature `mysql`), `zk://` (feature `zookeeper`), `etcd://` (feature
-/// `etcd`). The connection is checked here. An engine whose feature is off is an
+/// `etcd`). The connection is checked here. The database URLs take the admin's own query
+/// parameters `dlock_table=<table>` (default `dlock_locks`) and, for PostgreSQL,
+/// `dlock_mode=table|advisory`, which are taken out before connecting (see `PostgresAdmin`,
+/// `MysqlAdmin`). An engine whose feature is off is an
 /// [`AdminErrorKind::Unsupported`] error that names the feature.
 pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     let Some(scheme) = scheme_of(url) else {
@@ -324,6 +331,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     match scheme.as_str() {
         "redis" | "rediss" | "unix" | "redis+unix" => Ok(Box::new(
             crate::backend::redis::admin::RedisAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Box::new(
+            crate::backend::sql::admin::PostgresAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" => Ok(Box::new(
+            crate::backend::sql::admin::MysqlAdmin::connect(url).await?,
         )),
         other => {
             let feature = match other {
