@@ -28,6 +28,16 @@ pub fn unique_table(tag: &str) -> String {
     )
 }
 
+/// `url` with one more query parameter (`k=v`, or several joined by `&`).
+#[allow(dead_code)]
+pub fn with_param(url: &str, kv: &str) -> String {
+    if url.contains('?') {
+        format!("{url}&{kv}")
+    } else {
+        format!("{url}?{kv}")
+    }
+}
+
 #[cfg(feature = "postgres")]
 pub use pg::*;
 
