@@ -1183,7 +1183,7 @@ mod my {
                 }),
             };
             admin
-                .rows_of(&format!("connecting to {}", admin.inner.shown), "SELECT 1")
+                .rows_of("connecting", "SELECT 1")
                 .await
                 .map_err(|e| AdminError::connect(e.message))?;
             admin
