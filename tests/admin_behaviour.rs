@@ -320,6 +320,27 @@ mod sql_admin {
                 .expect_err(bad);
             assert_eq!(e.kind, AdminErrorKind::Unsupported, "{bad}: {e}");
         }
+        assert!(e.message.contains("dlock_table="), "a hint: {e}");
+        // The table as an argument instead of a URL parameter.
+        let b: Box<dyn Admin> = match env.kind {
+            #[cfg(feature = "postgres")]
+            crate::common::Kind::Postgres => Box::new(
+                admin::PostgresAdmin::connect_with(&db.url, &db.table, admin::PgMode::Table)
+                    .await
+                    .unwrap(),
+            ),
+            #[cfg(feature = "mysql")]
+            crate::common::Kind::Mysql => Box::new(
+                admin::MysqlAdmin::connect_with(&db.url, &db.table)
+                    .await
+                    .unwrap(),
+            ),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            b.show("sql:tbl").await.unwrap().and_then(|i| i.token),
+            Some(g.fencing_token())
+        );
         // Without `expected`, a force-release frees whatever holds the name.
         let r = a.force_release("sql:tbl", None).await.unwrap();
         assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");

@@ -30,8 +30,9 @@
 //! (`pg_terminate_backend`, PostgreSQL 14 or later) and `NOTIFY`s the release channel, but only
 //! when that session holds no other advisory lock — otherwise it is refused
 //! ([`crate::admin::AdminErrorKind::Unsupported`], naming the session), as it would free every lock of that
-//! process's backend. `watch` sees releases only (the `NOTIFY`s); a lock freed by a session
-//! that ends sends none.
+//! process's backend. Without a token, the hold a force-release expects is compared by
+//! session: a lock given back and taken again by the same process in between is not told apart.
+//! `watch` sees releases only (the `NOTIFY`s); a lock freed by a session that ends sends none.
 //!
 //! Every call is bounded by [`crate::admin::CALL_TIMEOUT`]; errors are typed (connection vs
 //! server) and never contain the URL's password.
@@ -165,6 +166,16 @@ impl Scrub {
         e.message = self.clean(e.message);
         e
     }
+}
+
+/// A server error while checking the lock table, with a hint on how to name the table.
+fn table_hint(mut e: AdminError) -> AdminError {
+    if e.kind == crate::admin::AdminErrorKind::Server {
+        e.message.push_str(
+            " (name the backend's lock table with the URL parameter dlock_table=<table>;              default dlock_locks)",
+        );
+    }
+    e
 }
 
 /// `e` and its sources, joined with `: `.
@@ -349,14 +360,14 @@ fn listing(rows: &[TableRow], details: impl Fn() -> Vec<(String, String)>) -> Li
 
 /// A poll-driven watch task: reads `read` every [`WATCH_POLL`] (sooner when `wake` delivers
 /// announced release names) and sends the changes. Ends when the receiver is dropped, on a
-/// read error, or when `alive` completes (a dropped listening connection).
+/// read error, or when `alive`'s task completes (a dropped listening connection: its error is
+/// the last item).
 fn spawn_poll_watch<R, F>(
     prefix: String,
     mut before: HashMap<String, (Seen, Option<String>)>,
     read: R,
     mut wake: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
-    mut alive: Option<tokio::task::JoinHandle<()>>,
-    lost: AdminError,
+    mut alive: Option<(tokio::task::JoinHandle<()>, AdminError)>,
 ) -> tokio::sync::mpsc::Receiver<Result<LockEvent, AdminError>>
 where
     R: Fn(String) -> F + Send + 'static,
@@ -368,8 +379,10 @@ where
             let mut notified = HashSet::new();
             tokio::select! {
                 _ = tx.closed() => return,
-                _ = async { match alive.as_mut() { Some(h) => { let _ = h.await; } None => std::future::pending().await } } => {
-                    let _ = tx.send(Err(lost)).await;
+                _ = async { match alive.as_mut() { Some((h, _)) => { let _ = h.await; } None => std::future::pending().await } } => {
+                    if let Some((_, lost)) = alive.take() {
+                        let _ = tx.send(Err(lost)).await;
+                    }
                     return;
                 }
                 n = async { match wake.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
@@ -540,7 +553,8 @@ mod pg {
             };
             admin
                 .query(&format!("checking the lock table {table}"), &check, &[])
-                .await?;
+                .await
+                .map_err(table_hint)?;
             Ok(admin)
         }
 
@@ -826,8 +840,7 @@ mod pg {
                 before,
                 read,
                 Some(nrx),
-                Some(driver),
-                lost,
+                Some((driver, lost)),
             );
             Ok(Watching {
                 events,
@@ -1191,7 +1204,8 @@ mod my {
                     &format!("checking the lock table {table}"),
                     &format!("SELECT 1 FROM {table} LIMIT 0"),
                 )
-                .await?;
+                .await
+                .map_err(table_hint)?;
             Ok(admin)
         }
 
@@ -1348,14 +1362,7 @@ mod my {
                 let me = me.clone();
                 async move { me.rows(&p).await }
             };
-            let events = spawn_poll_watch(
-                prefix.to_string(),
-                before,
-                read,
-                None,
-                None,
-                AdminError::connect("unreachable"),
-            );
+            let events = spawn_poll_watch(prefix.to_string(), before, read, None, None);
             Ok(Watching {
                 events,
                 sees: format!(
