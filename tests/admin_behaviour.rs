@@ -308,6 +308,13 @@ mod sql_admin {
             .expect("admin on the env's table");
         assert!(a.target().contains(&db.table), "{}", a.target());
         assert!(a.show("sql:tbl").await.unwrap().is_some());
+        if let Some(rest) = url.strip_prefix("postgres://") {
+            // The registry's other spelling.
+            let a2 = admin::connect(&format!("postgresql://{rest}"))
+                .await
+                .expect("postgresql:// URL");
+            assert!(a2.show("sql:tbl").await.unwrap().is_some());
+        }
         let missing = format!("{}_missing", db.table);
         let e = admin::connect(&with_param(&db.url, &format!("dlock_table={missing}")))
             .await
