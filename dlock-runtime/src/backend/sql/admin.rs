@@ -824,16 +824,12 @@ mod pg {
             }
             let before = seen_of(&self.rows(prefix).await?, prefix);
             let me = self.clone();
-            // The listening client lives in the driver's task's future only as long as the
-            // client does: keep it in the read closure, which the watch task owns.
-            let client = Arc::new(client);
+            // The listening connection lasts as long as its client: the read closure owns it,
+            // and the watch task owns the closure.
             let read = move |p: String| {
+                let _listening = &client;
                 let me = me.clone();
-                let _keep = client.clone();
-                async move {
-                    let _keep = _keep;
-                    me.rows(&p).await
-                }
+                async move { me.rows(&p).await }
             };
             let events = spawn_poll_watch(
                 prefix.to_string(),
