@@ -12,13 +12,16 @@ use std::time::Duration;
 
 use common::{Env, Kind};
 use dlock::Lock;
-use dlock::admin::{ForceReleased, LockEvent};
+use dlock::admin::{AdminErrorKind, ForceReleased, LockEvent};
 
 /// The admin shows the holder's fencing token. Redlock: the largest of the holder's node
 /// tokens, which is at least the guard's (the guard keeps the largest of the grants it counted
 /// before the quorum decision; a later node may have granted a larger one).
 fn assert_token(env: &Env, shown: Option<u64>, holder: u64) {
-    if env.kind == Kind::Redlock {
+    if !env.admin_sees_names_and_tokens() {
+        // PostgreSQL advisory mode: the token lives only in the holder's process.
+        assert_eq!(shown, None);
+    } else if env.kind == Kind::Redlock {
         assert!(shown >= Some(holder), "{shown:?} < {holder}");
     } else {
         assert_eq!(
@@ -39,15 +42,22 @@ async fn held_locks_are_listed_and_shown_with_owner_token_and_lease(env: Env) {
     let a2 = env.lock("adm:a:2").ttl(ttl).acquire().await.unwrap();
     let b1 = env.lock("adm:b:1").ttl(ttl).acquire().await.unwrap();
 
-    let listing = admin.list("adm:a:").await.expect("list");
-    let names: Vec<&str> = listing.locks.iter().map(|i| i.name.as_str()).collect();
-    assert_eq!(
-        names,
-        ["adm:a:1", "adm:a:2"],
-        "only the prefix's locks, sorted"
-    );
-    let all = admin.list("").await.expect("list all");
-    assert_eq!(all.locks.len(), 3, "{:?}", all.locks);
+    // An engine whose store keeps no lock names (PostgreSQL advisory mode) says so.
+    let names_and_tokens = env.admin_sees_names_and_tokens();
+    if names_and_tokens {
+        let listing = admin.list("adm:a:").await.expect("list");
+        let names: Vec<&str> = listing.locks.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["adm:a:1", "adm:a:2"],
+            "only the prefix's locks, sorted"
+        );
+        let all = admin.list("").await.expect("list all");
+        assert_eq!(all.locks.len(), 3, "{:?}", all.locks);
+    } else {
+        let e = admin.list("adm:a:").await.expect_err("list is unsupported");
+        assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
+    }
 
     for (g, name) in [(&a1, "adm:a:1"), (&a2, "adm:a:2"), (&b1, "adm:b:1")] {
         let info = admin.show(name).await.expect("show").expect("held");
@@ -68,14 +78,22 @@ async fn held_locks_are_listed_and_shown_with_owner_token_and_lease(env: Env) {
     let o2 = admin.show("adm:a:2").await.unwrap().unwrap().holders[0]
         .owner
         .clone();
-    assert_ne!(o1, o2);
+    if names_and_tokens {
+        assert_ne!(o1, o2);
+    } else {
+        // Advisory mode: the owner is the backend's one session, the same for both.
+        assert_eq!(o1, o2);
+    }
 
     a1.release().await.unwrap();
     a2.release().await.unwrap();
     b1.release().await.unwrap();
     assert_eq!(admin.show("adm:a:1").await.expect("show"), None);
-    let after = admin.list("adm:").await.expect("list");
-    assert!(after.locks.is_empty(), "{:?}", after.locks);
+    assert_eq!(admin.show("adm:b:1").await.expect("show"), None);
+    if names_and_tokens {
+        let after = admin.list("adm:").await.expect("list");
+        assert!(after.locks.is_empty(), "{:?}", after.locks);
+    }
 }
 
 async fn force_release_evicts_the_holder_and_wakes_a_waiter_elsewhere(env: Env) {
@@ -121,6 +139,7 @@ async fn force_release_evicts_the_holder_and_wakes_a_waiter_elsewhere(env: Env) 
         panic!("expected Released, got {r:?}");
     };
     assert_eq!(was.token, before.token);
+    assert_eq!(was.holders, before.holders);
 
     // The waiter gets the lock long before the holder's renewed lease would have let it.
     let (g, waited) = tokio::time::timeout(SOON, waiter)
@@ -139,6 +158,7 @@ async fn force_release_evicts_the_holder_and_wakes_a_waiter_elsewhere(env: Env) 
     assert!(!holder.is_valid());
     let now = admin.show(name).await.unwrap().expect("held by the waiter");
     assert_token(&env, now.token, g.fencing_token());
+    assert_ne!(now.holders, before.holders, "another holder now");
     g.release().await.unwrap();
     drop(holder);
 }
@@ -149,8 +169,20 @@ async fn force_release_leaves_a_hold_that_changed_hands(env: Env) {
     let first = env.lock(name).acquire().await.unwrap();
     let seen = admin.show(name).await.unwrap().expect("held");
     first.release().await.unwrap();
-    let second = env.lock(name).acquire().await.unwrap();
-    assert_ne!(second.fencing_token(), seen.token.unwrap());
+    // Where the store keeps tokens, any new hold is told apart; without them (advisory mode:
+    // the holder is a session) a hold that changed hands is one taken by another process.
+    let second = if env.admin_sees_names_and_tokens() {
+        let second = env.lock(name).acquire().await.unwrap();
+        assert_ne!(second.fencing_token(), seen.token.unwrap());
+        second
+    } else {
+        assert_eq!(seen.token, None);
+        Lock::new(name)
+            .with_backend(env.another_backend().await)
+            .acquire()
+            .await
+            .unwrap()
+    };
     let r = admin
         .force_release(name, Some(&seen))
         .await
@@ -158,6 +190,9 @@ async fn force_release_leaves_a_hold_that_changed_hands(env: Env) {
     assert_eq!(r, ForceReleased::Changed);
     let now = admin.show(name).await.unwrap().expect("still held");
     assert_token(&env, now.token, second.fencing_token());
+    if !env.admin_sees_names_and_tokens() {
+        assert_ne!(now.holders, seen.holders);
+    }
     assert!(second.is_valid());
     second.release().await.unwrap();
 }
@@ -257,6 +292,33 @@ macro_rules! admin_backends {
                 }
             )*
         }
+        #[cfg(feature = "postgres")]
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::postgres().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "postgres")]
+        mod on_pg_advisory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::pg_advisory().await).await
+                }
+            )*
+        }
+        #[cfg(feature = "mysql")]
+        mod on_mysql {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::mysql().await).await
+                }
+            )*
+        }
     };
 }
 
@@ -352,4 +414,348 @@ async fn redis_foreign_keys_are_skipped_not_shown() {
         .unwrap();
     assert_eq!(v, "x");
     g.release().await.unwrap();
+}
+
+/// What the database admins do beyond the shared suite: the `dlock_table` / `dlock_mode` URL
+/// parameters, rows that are not dlock locks, expiries seen by a watch, advisory mode's refusal
+/// to end a session that holds other locks, and no password in any error.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+mod sql_admin {
+    use std::time::Duration;
+
+    use super::SOON;
+    use crate::common::{Env, sql::with_param};
+    use dlock::admin::{self, Admin, AdminErrorKind, ForceReleased, LockEvent};
+
+    /// Another table of the same database: the admin of the env's table does not see it, and a
+    /// table that does not exist is the server's answer, naming it.
+    async fn the_url_names_the_table(env: Env) {
+        let g = env
+            .lock("sql:tbl")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        let db = env.db();
+        let url = with_param(&db.url, &format!("dlock_table={}", db.table));
+        let a = admin::connect(&url)
+            .await
+            .expect("admin on the env's table");
+        assert!(a.target().contains(&db.table), "{}", a.target());
+        assert!(a.show("sql:tbl").await.unwrap().is_some());
+        if let Some(rest) = url.strip_prefix("postgres://") {
+            // The registry's other spelling.
+            let a2 = admin::connect(&format!("postgresql://{rest}"))
+                .await
+                .expect("postgresql:// URL");
+            assert!(a2.show("sql:tbl").await.unwrap().is_some());
+        }
+        let missing = format!("{}_missing", db.table);
+        let e = admin::connect(&with_param(&db.url, &format!("dlock_table={missing}")))
+            .await
+            .expect_err("a table that does not exist");
+        assert_eq!(e.kind, AdminErrorKind::Server, "{e}");
+        assert!(e.message.contains(&missing), "{e}");
+        for bad in ["dlock_table=a;b", "dlock_tabel=x", "dlock_mode=redis"] {
+            let e = admin::connect(&with_param(&db.url, bad))
+                .await
+                .expect_err(bad);
+            assert_eq!(e.kind, AdminErrorKind::Unsupported, "{bad}: {e}");
+        }
+        assert!(e.message.contains("dlock_table="), "a hint: {e}");
+        // The table as an argument instead of a URL parameter.
+        let b: Box<dyn Admin> = match env.kind {
+            #[cfg(feature = "postgres")]
+            crate::common::Kind::Postgres => Box::new(
+                admin::PostgresAdmin::connect_with(&db.url, &db.table, admin::PgMode::Table)
+                    .await
+                    .unwrap(),
+            ),
+            #[cfg(feature = "mysql")]
+            crate::common::Kind::Mysql => Box::new(
+                admin::MysqlAdmin::connect_with(&db.url, &db.table)
+                    .await
+                    .unwrap(),
+            ),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            b.show("sql:tbl").await.unwrap().and_then(|i| i.token),
+            Some(g.fencing_token())
+        );
+        // Without `expected`, a force-release frees whatever holds the name.
+        let r = a.force_release("sql:tbl", None).await.unwrap();
+        assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+        assert!(!env.is_locked("sql:tbl").await);
+        tokio::time::timeout(SOON, g.lost()).await.expect("lost()");
+    }
+
+    /// A row whose name is not UTF-8 and one with a negative count are counted, never shown.
+    async fn foreign_rows_are_skipped(env: Env) {
+        let g = env.lock("sql:mine").acquire().await.unwrap();
+        insert_foreign_rows(&env).await;
+        let a = env.admin().await;
+        let l = a.list("").await.expect("list");
+        let names: Vec<&str> = l.locks.iter().map(|i| i.name.as_str()).collect();
+        assert_eq!(names, ["sql:mine"]);
+        assert_eq!(l.skipped, 2, "{l:?}");
+        // The prefix applies to the bytes: the foreign rows start with 0xff and "sql:bad".
+        let l = a.list("sql:").await.expect("list sql:");
+        assert_eq!(l.locks.len(), 1);
+        assert_eq!(l.skipped, 1);
+        let e = a
+            .show("sql:bad")
+            .await
+            .expect_err("a row that is not a lock");
+        assert_eq!(e.kind, AdminErrorKind::Server, "{e}");
+        g.release().await.unwrap();
+    }
+
+    async fn insert_foreign_rows(env: &Env) {
+        let t = &env.db().table;
+        match env.kind {
+            #[cfg(feature = "postgres")]
+            crate::common::Kind::Postgres => {
+                let c = crate::common::sql::pg_admin(&env.db().url).await;
+                c.batch_execute(&format!(
+                    "INSERT INTO {t} VALUES ('\\xff00', 'x', 1, 1, now() + interval '1 hour'); \
+                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, now() + interval '1 hour');"
+                ))
+                .await
+                .expect("insert foreign rows");
+            }
+            #[cfg(feature = "mysql")]
+            crate::common::Kind::Mysql => {
+                use dlock::mysql_async::prelude::Queryable;
+                let mut c = crate::common::sql::my_admin(&env.db().url).await;
+                c.query_drop(format!(
+                    "INSERT INTO {t} VALUES (X'ff00', 'x', 1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR); \
+                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+                ))
+                .await
+                .expect("insert foreign rows");
+            }
+            other => panic!("no rows to insert for {other:?}"),
+        }
+    }
+
+    /// A row whose lease runs out without a release (a holder that died): the watch reports
+    /// its grant, then its expiry.
+    async fn watch_reports_an_expiry(env: Env) {
+        let a = env.admin().await;
+        let mut w = a.watch("sql:exp").await.expect("watch");
+        assert!(w.sees_acquisitions);
+        let t = &env.db().table;
+        match env.kind {
+            #[cfg(feature = "postgres")]
+            crate::common::Kind::Postgres => {
+                let c = crate::common::sql::pg_admin(&env.db().url).await;
+                c.batch_execute(&format!(
+                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                     clock_timestamp() + interval '600 milliseconds')"
+                ))
+                .await
+                .unwrap();
+            }
+            #[cfg(feature = "mysql")]
+            crate::common::Kind::Mysql => {
+                use dlock::mysql_async::prelude::Queryable;
+                let mut c = crate::common::sql::my_admin(&env.db().url).await;
+                c.query_drop(format!(
+                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                     UTC_TIMESTAMP(6) + INTERVAL 600000 MICROSECOND)"
+                ))
+                .await
+                .unwrap();
+            }
+            other => panic!("{other:?}"),
+        }
+        let mut events = Vec::new();
+        while !events
+            .iter()
+            .any(|e| matches!(e, LockEvent::Expired { .. }))
+        {
+            match tokio::time::timeout(SOON, w.events.recv()).await {
+                Ok(Some(Ok(e))) => events.push(e),
+                other => panic!("{other:?}; events so far {events:?}"),
+            }
+        }
+        assert_eq!(
+            events,
+            [
+                LockEvent::Acquired {
+                    name: "sql:exp".into(),
+                    owner: Some("dead-owner".into()),
+                    token: Some(4242)
+                },
+                LockEvent::Expired {
+                    name: "sql:exp".into()
+                }
+            ]
+        );
+    }
+
+    /// A force-release wakes a waiter in another process at once, as a release does (NOTIFY on
+    /// PostgreSQL, the waiters' 100–250 ms polls on MySQL), not when the holder's 30 s lease
+    /// would have ended.
+    async fn force_release_hands_over_at_once(env: Env) {
+        let a = env.admin().await;
+        let holder = env
+            .lock("sql:hand")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let other = env.another_backend().await;
+        let waiter = tokio::spawn(async move {
+            dlock::Lock::new("sql:hand")
+                .with_backend(other)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        });
+        // The waiter has tried once and is waiting (listening / polling).
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = tokio::time::Instant::now();
+        let r = a.force_release("sql:hand", None).await.unwrap();
+        assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+        let g = tokio::time::timeout(SOON, waiter)
+            .await
+            .expect("the waiter was not woken")
+            .unwrap()
+            .expect("the waiter acquires");
+        let took = t.elapsed();
+        assert!(
+            took < env.handoff_budget() + Duration::from_millis(1000),
+            "hand-over after a force-release took {took:?}"
+        );
+        g.release().await.unwrap();
+        drop(holder);
+    }
+
+    /// A wrong password, or no server at all: typed errors that do not contain the password.
+    async fn no_password_in_errors(env: Env) {
+        let db = env.db();
+        let secret = "Sup3rSecretPw";
+        let (scheme, rest) = db.url.split_once("://").unwrap();
+        let host_and_db = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+        let user = rest
+            .rsplit_once('@')
+            .map_or("root", |(u, _)| u.split(':').next().unwrap_or(u));
+        // A closed port: a connection error.
+        let db_name = host_and_db.split_once('/').map_or("test", |(_, d)| d);
+        let closed = format!(
+            "{scheme}://{user}:{secret}@127.0.0.1:{}/{db_name}",
+            crate::common::free_port_pub()
+        );
+        let e = admin::connect(&closed).await.expect_err("nothing listens");
+        assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+        assert!(!e.message.contains(secret), "{e}");
+        // The real server with a password it does not expect (refused, or, with trust
+        // authentication, accepted), and a table that does not exist.
+        let wrong = with_param(
+            &format!("{scheme}://{user}:{secret}@{host_and_db}"),
+            "dlock_table=no_such_dlock_table",
+        );
+        let e = admin::connect(&wrong)
+            .await
+            .expect_err("refused or no table");
+        assert!(
+            matches!(e.kind, AdminErrorKind::Connect | AdminErrorKind::Server),
+            "{e}"
+        );
+        assert!(!e.message.contains(secret), "{e}");
+        assert!(!format!("{e:?}").contains(secret), "{e:?}");
+    }
+
+    macro_rules! sql_admin_tests {
+        ($($t:ident),* $(,)?) => {
+            #[cfg(feature = "postgres")]
+            mod on_postgres {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $t() {
+                        super::$t(crate::common::Env::postgres().await).await
+                    }
+                )*
+            }
+            #[cfg(feature = "mysql")]
+            mod on_mysql {
+                $(
+                    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                    async fn $t() {
+                        super::$t(crate::common::Env::mysql().await).await
+                    }
+                )*
+            }
+        };
+    }
+
+    sql_admin_tests!(
+        the_url_names_the_table,
+        foreign_rows_are_skipped,
+        watch_reports_an_expiry,
+        force_release_hands_over_at_once,
+        no_password_in_errors,
+    );
+
+    /// Advisory mode: `show` finds the session by the lock's key; force-release ends that
+    /// session only when it holds nothing else.
+    #[cfg(feature = "postgres")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_force_release_refuses_to_end_a_session_holding_other_locks() {
+        let env = Env::pg_advisory().await;
+        let a = admin::PostgresAdmin::connect_with(
+            &env.db().url,
+            &env.db().table,
+            admin::PgMode::Advisory,
+        )
+        .await
+        .expect("advisory admin");
+        assert_eq!(a.show("adv:x").await.unwrap(), None);
+        let g1 = env
+            .lock("adv:x")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        let g2 = env
+            .lock("adv:y")
+            .ttl(Duration::from_secs(3))
+            .acquire()
+            .await
+            .unwrap();
+        let info = a.show("adv:x").await.unwrap().expect("held");
+        let key = dlock::postgres_advisory_key(&env.db().table, "adv:x");
+        assert!(
+            info.details
+                .iter()
+                .any(|(k, v)| k == "advisory key" && v.starts_with(&key.to_string())),
+            "{:?}",
+            info.details
+        );
+        assert_eq!(info.remaining, None);
+        assert!(info.holders[0].owner.starts_with("pg-session:"), "{info:?}");
+        let e = a
+            .force_release("adv:x", Some(&info))
+            .await
+            .expect_err("the session holds adv:y too");
+        assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
+        assert!(e.message.contains("pg_terminate_backend"), "{e}");
+        // Nothing was done: both still held, both guards still valid after a renewal.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        assert!(g1.is_valid() && g2.is_valid());
+        assert!(env.is_locked("adv:x").await && env.is_locked("adv:y").await);
+        g2.release().await.unwrap();
+        // Now the session holds adv:x alone: the force-release ends it.
+        let r = a.force_release("adv:x", None).await.unwrap();
+        assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+        assert!(!env.is_locked("adv:x").await);
+        tokio::time::timeout(SOON, g1.lost())
+            .await
+            .expect("the evicted holder's lost()");
+        // The backend opens a new session for its next lock.
+        let g3 = env.lock("adv:x").acquire().await.unwrap();
+        g3.release().await.unwrap();
+    }
 }

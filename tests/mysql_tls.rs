@@ -223,3 +223,60 @@ async fn requiring_tls_from_a_server_without_it_fails_clearly() {
         assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
     }
 }
+
+/// The admin (`dlock::admin::connect`) takes the same TLS parameters as the backend's URL, plus
+/// `dlock_table`: it reads the lock over an encrypted session, and a CA that did not sign the
+/// server is a connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_connects_with_the_urls_tls_parameters() {
+    use dlock::admin::{self, AdminErrorKind};
+    let (srv, ca) = tokio::task::spawn_blocking(tls_server).await.unwrap();
+    let base = srv.url();
+    let dir = TempDir::new("mytls-admin");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let url = format!(
+        "{base}?require_ssl=true&built_in_roots=false&ssl_ca={}",
+        ca_file.display()
+    );
+    let b = MysqlBackend::builder(&url)
+        .table("tls_admin_locks")
+        .connect()
+        .await
+        .expect("backend over TLS");
+    let g = Lock::new("tls-admin")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    // The admin's connection is a TLS handshake of the server's (Ssl_accepts counts them).
+    let mut c = b.pool().unwrap().get_conn().await.unwrap();
+    let accepts = |rows: Vec<(String, u64)>| rows.first().map(|r| r.1).unwrap_or(0);
+    let before = accepts(
+        c.query("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'")
+            .await
+            .unwrap(),
+    );
+    let a = admin::connect(&format!("{url}&dlock_table=tls_admin_locks"))
+        .await
+        .expect("admin over TLS");
+    let info = a.show("tls-admin").await.unwrap().expect("held");
+    assert_eq!(info.token, Some(g.fencing_token()));
+    let after = accepts(
+        c.query("SHOW GLOBAL STATUS LIKE 'Ssl_accepts'")
+            .await
+            .unwrap(),
+    );
+    assert!(after > before, "the admin connected in plain text");
+    // Another CA: refused, typed as a connection failure.
+    let other_file = dir.path().join("other.pem");
+    std::fs::write(&other_file, new_ca("another CA").pem()).unwrap();
+    let e = admin::connect(&format!(
+        "{base}?require_ssl=true&built_in_roots=false&ssl_ca={}&dlock_table=tls_admin_locks",
+        other_file.display()
+    ))
+    .await
+    .expect_err("a CA that did not sign the server");
+    assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+    g.release().await.unwrap();
+}

@@ -136,3 +136,68 @@ async fn the_right_ca_connects_encrypted_and_a_wrong_one_is_refused() {
     );
     assert!(t.elapsed() < Duration::from_secs(10), "{:?}", t.elapsed());
 }
+
+/// The admin (`dlock::admin::connect`) takes the same TLS parameters as the backend's URL, plus
+/// `dlock_table`: it reads the lock over an encrypted session, and a CA that did not sign the
+/// server is a connection error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_connects_with_the_urls_tls_parameters() {
+    use dlock::admin::{self, AdminErrorKind};
+    let (srv, ca) = tokio::task::spawn_blocking(tls_server).await.unwrap();
+    let base = srv.url();
+    let dir = TempDir::new("pgtls-admin");
+    let ca_file = dir.path().join("ca.pem");
+    std::fs::write(&ca_file, &ca).unwrap();
+    let verify = format!(
+        "{base}?sslmode=verify-full&sslrootcert={}",
+        ca_file.display()
+    );
+    let b: Arc<dyn Backend> = Arc::new(
+        PostgresBackend::builder(&verify)
+            .table("tls_admin_locks")
+            .connect()
+            .await
+            .expect("backend over TLS"),
+    );
+    let g = Lock::new("tls-admin")
+        .with_backend(b)
+        .acquire()
+        .await
+        .unwrap();
+    let a = admin::connect(&format!("{verify}&dlock_table=tls_admin_locks"))
+        .await
+        .expect("admin over TLS");
+    let info = a.show("tls-admin").await.unwrap().expect("held");
+    assert_eq!(info.token, Some(g.fencing_token()));
+    // The admin's own session is encrypted.
+    let c = PostgresBackend::builder(&verify)
+        .create_schema(false)
+        .connect()
+        .await
+        .unwrap();
+    let plain: i64 = c
+        .pool()
+        .get()
+        .await
+        .unwrap()
+        .query_one(
+            "SELECT count(*) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+             WHERE a.application_name = 'dlock-admin' AND NOT s.ssl",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(plain, 0);
+    // Another CA: refused, typed as a connection failure.
+    let other_file = dir.path().join("other.pem");
+    std::fs::write(&other_file, new_ca("another CA").pem()).unwrap();
+    let e = admin::connect(&format!(
+        "{base}?sslmode=verify-full&sslrootcert={}&dlock_table=tls_admin_locks",
+        other_file.display()
+    ))
+    .await
+    .expect_err("a CA that did not sign the server");
+    assert_eq!(e.kind, AdminErrorKind::Connect, "{e}");
+    g.release().await.unwrap();
+}

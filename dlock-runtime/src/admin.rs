@@ -29,6 +29,10 @@ pub use crate::backend::redis::admin::RedisAdmin;
 pub use crate::backend::redlock::admin::RedlockAdmin;
 #[cfg(feature = "sentinel")]
 pub use crate::backend::sentinel::admin::SentinelAdmin;
+#[cfg(feature = "mysql")]
+pub use crate::backend::sql::admin::MysqlAdmin;
+#[cfg(feature = "postgres")]
+pub use crate::backend::sql::admin::{PgMode, PostgresAdmin};
 #[cfg(feature = "zookeeper")]
 pub use crate::backend::zookeeper::admin::ZookeeperAdmin;
 
@@ -356,7 +360,10 @@ fn scheme_of(url: &str) -> Option<String> {
 /// Connects an [`Admin`] for a URL of any form the registry accepts: `redis://`, `rediss://`
 /// (feature `tls`), `unix://`, `redis+unix://`, `postgres://`/`postgresql://` (feature
 /// `postgres`), `mysql://` (feature `mysql`), `zk://` (feature `zookeeper`), `etcd://` (feature
-/// `etcd`). The connection is checked here. An engine whose feature is off is an
+/// `etcd`). The connection is checked here. The database URLs take the admin's own query
+/// parameters `dlock_table=<table>` (default `dlock_locks`) and, for PostgreSQL,
+/// `dlock_mode=table|advisory`, which are taken out before connecting (see `PostgresAdmin`,
+/// `MysqlAdmin`). An engine whose feature is off is an
 /// [`AdminErrorKind::Unsupported`] error that names the feature.
 pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     let Some(scheme) = scheme_of(url) else {
@@ -375,6 +382,14 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
         #[cfg(feature = "etcd")]
         "etcd" => Ok(Box::new(
             crate::backend::etcd::admin::EtcdAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "postgres")]
+        "postgres" | "postgresql" => Ok(Box::new(
+            crate::backend::sql::admin::PostgresAdmin::connect(url).await?,
+        )),
+        #[cfg(feature = "mysql")]
+        "mysql" => Ok(Box::new(
+            crate::backend::sql::admin::MysqlAdmin::connect(url).await?,
         )),
         other => {
             let feature = match other {

@@ -554,6 +554,18 @@ impl Env {
         true
     }
 
+    /// True when the admin reads lock names, owner ids and fencing tokens from the store, so it
+    /// can list locks and compare holds by token. False for PostgreSQL advisory mode: the
+    /// server keeps a hash of the name and the holding session only (`list` is unsupported,
+    /// the owner is the session, there is no token).
+    pub fn admin_sees_names_and_tokens(&self) -> bool {
+        #[cfg(feature = "postgres")]
+        if self.kind == Kind::PgAdvisory {
+            return false;
+        }
+        true
+    }
+
     pub fn is_redis(&self) -> bool {
         self.kind == Kind::Redis
     }
@@ -707,6 +719,29 @@ impl Env {
             Kind::Etcd => dlock::admin::connect(&self.etcd_env().cluster.url())
                 .await
                 .expect("admin of the private etcd"),
+            // The database engines: the store's URL with the admin's own `dlock_table` (and
+            // `dlock_mode`) parameters, through `admin::connect` as the CLI calls it.
+            #[cfg(feature = "postgres")]
+            Kind::Postgres => dlock::admin::connect(&sql::with_param(
+                &self.db().url,
+                &format!("dlock_table={}", self.db().table),
+            ))
+            .await
+            .expect("admin of the PostgreSQL lock table"),
+            #[cfg(feature = "postgres")]
+            Kind::PgAdvisory => dlock::admin::connect(&sql::with_param(
+                &self.db().url,
+                &format!("dlock_table={}&dlock_mode=advisory", self.db().table),
+            ))
+            .await
+            .expect("admin of PostgreSQL advisory mode"),
+            #[cfg(feature = "mysql")]
+            Kind::Mysql => dlock::admin::connect(&sql::with_param(
+                &self.db().url,
+                &format!("dlock_table={}", self.db().table),
+            ))
+            .await
+            .expect("admin of the MySQL lock table"),
             #[allow(unreachable_patterns)]
             other => panic!("no admin for {other:?}"),
         }

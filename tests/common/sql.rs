@@ -28,6 +28,16 @@ pub fn unique_table(tag: &str) -> String {
     )
 }
 
+/// `url` with one more query parameter (`k=v`, or several joined by `&`).
+#[allow(dead_code)]
+pub fn with_param(url: &str, kv: &str) -> String {
+    if url.contains('?') {
+        format!("{url}&{kv}")
+    } else {
+        format!("{url}?{kv}")
+    }
+}
+
 #[cfg(feature = "postgres")]
 pub use pg::*;
 
@@ -767,9 +777,14 @@ mod myproc {
         fn start_with_tls(tls: Option<(&str, &str)>) -> MyProc {
             let dir = TempDir::new("maria");
             let data = dir.path().join("data");
+            // A temp dir of its own: installs running at once collided on /tmp's temporary
+            // tables ("Could not remove temporary table ... Unknown table").
+            let tmp = dir.path().join("tmp");
+            std::fs::create_dir_all(&tmp).expect("mariadb tmpdir");
             let out = Command::new("mariadb-install-db")
                 .arg("--no-defaults")
                 .arg(format!("--datadir={}", data.display()))
+                .arg(format!("--tmpdir={}", tmp.display()))
                 .args([
                     "--user=root",
                     "--skip-test-db",
@@ -822,6 +837,10 @@ mod myproc {
                 .arg(format!(
                     "--socket={}",
                     self.dir.path().join("sock").display()
+                ))
+                .arg(format!(
+                    "--tmpdir={}",
+                    self.dir.path().join("tmp").display()
                 ))
                 .arg(format!("--port={}", self.port))
                 .args([

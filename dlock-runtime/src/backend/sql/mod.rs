@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use crate::LockError;
 
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) mod admin;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
 #[cfg(feature = "postgres")]

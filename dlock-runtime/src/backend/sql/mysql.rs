@@ -53,7 +53,7 @@ pub fn mysql_schema_sql(table: &str) -> Result<String, LockError> {
     ))
 }
 
-fn hex(out: &mut String, bytes: &[u8]) {
+pub(crate) fn hex(out: &mut String, bytes: &[u8]) {
     out.push_str("X'");
     for b in bytes {
         let _ = write!(out, "{b:02x}");
@@ -250,6 +250,24 @@ impl MysqlBackendBuilder {
         self
     }
 
+    /// The connection options of the URL with the TLS settings applied (TLS parameters taken
+    /// out, roots loaded), whether TLS is on, and the URL without its password.
+    pub(crate) fn url_opts(&self) -> Result<(OptsBuilder, bool, String), LockError> {
+        let (url, ca_file) = Self::split_ssl_ca(self.url.as_deref().unwrap_or_default());
+        let opts = Opts::from_url(&url).map_err(|e| {
+            LockError::Config(format!("invalid MySQL URL {}: {e}", redact_url(&url)))
+        })?;
+        let ssl = self.tls_opts(&opts, ca_file)?;
+        let tls = ssl.is_some();
+        let mut opts = OptsBuilder::from_opts(opts);
+        if tls {
+            // Stay on TCP: the driver would otherwise move a connection to a server on
+            // this host onto its Unix socket, where it does not use TLS.
+            opts = opts.prefer_socket(false).ssl_opts(ssl);
+        }
+        Ok((opts, tls, redact_url(&url)))
+    }
+
     /// Checks the settings, connects and creates the table when missing.
     pub async fn connect(self) -> Result<MysqlBackend, LockError> {
         check_table(&self.table)?;
@@ -266,20 +284,10 @@ impl MysqlBackendBuilder {
                 (Pools::Caller(p), "<caller's pool>".to_string())
             }
             None => {
-                let (url, ca_file) = Self::split_ssl_ca(self.url.as_deref().unwrap_or_default());
-                let opts = Opts::from_url(&url).map_err(|e| {
-                    LockError::Config(format!("invalid MySQL URL {}: {e}", redact_url(&url)))
-                })?;
-                let ssl = self.tls_opts(&opts, ca_file)?;
-                tls = ssl.is_some();
+                let (opts, with_tls, url) = self.url_opts()?;
+                tls = with_tls;
                 let constraints = PoolConstraints::new(0, self.pool_size)
                     .ok_or_else(|| LockError::Config("invalid MySQL pool size".into()))?;
-                let mut opts = OptsBuilder::from_opts(opts);
-                if tls {
-                    // Stay on TCP: the driver would otherwise move a connection to a server on
-                    // this host onto its Unix socket, where it does not use TLS.
-                    opts = opts.prefer_socket(false).ssl_opts(ssl);
-                }
                 let opts = opts
                     .client_found_rows(true)
                     .init(vec![
@@ -300,7 +308,7 @@ impl MysqlBackendBuilder {
                         opts: opts.into(),
                         by_runtime: Mutex::new(Vec::new()),
                     },
-                    redact_url(&url),
+                    url,
                 )
             }
         };

@@ -117,6 +117,12 @@ struct Sql {
     channel: String,
 }
 
+/// The `NOTIFY` channel of the lock table `table`: `dlock_<table>` (a `.` becomes `_`),
+/// lower-cased. A release (and an admin's force-release) notifies the hex of the lock name.
+pub(crate) fn channel_of(table: &str) -> String {
+    format!("dlock_{}", table.replace('.', "_")).to_ascii_lowercase()
+}
+
 /// `set_config('synchronous_commit', 'off', true)`: for the statement's own (implicit)
 /// transaction only, its commit does not wait for the WAL flush.
 const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
@@ -131,7 +137,7 @@ impl Sql {
             format!(", {NO_FLUSH_WAIT} AS sc")
         };
         let schema = postgres_schema_sql(table)?;
-        let channel = format!("dlock_{}", table.replace('.', "_")).to_ascii_lowercase();
+        let channel = channel_of(table);
         // A busy answer commits without waiting for the disk (the set_config in its branch):
         // it changed nothing, but a contender whose snapshot saw the row free and that reached
         // it just after another's grant committed has locked the row's new version for its
@@ -400,7 +406,7 @@ impl PostgresBackendBuilder {
     }
 
     /// The connector for the backend's own connections.
-    fn connector(&self, cfg: &tokio_postgres::Config) -> Result<Connector, LockError> {
+    pub(crate) fn connector(&self, cfg: &tokio_postgres::Config) -> Result<Connector, LockError> {
         let url = self.url.as_deref().unwrap_or_default();
         let (_, root_file) = Self::tls_params(url);
         #[cfg(feature = "postgres-tls")]
@@ -455,7 +461,7 @@ impl PostgresBackendBuilder {
         }
     }
 
-    fn pg_config(&self) -> Result<tokio_postgres::Config, LockError> {
+    pub(crate) fn pg_config(&self) -> Result<tokio_postgres::Config, LockError> {
         let (url, _) = Self::tls_params(self.url.as_deref().unwrap_or_default());
         let url = url.as_str();
         let mut cfg: tokio_postgres::Config = url.parse().map_err(|e| {
@@ -844,7 +850,7 @@ impl PostgresBackend {
     }
 }
 
-fn hex_name(payload: &str) -> Option<String> {
+pub(crate) fn hex_name(payload: &str) -> Option<String> {
     let b = payload.as_bytes();
     if !b.len().is_multiple_of(2) {
         return None;
