@@ -499,7 +499,7 @@ fn redlock_nodes_listed_shown_and_unlocked() {
     for u in &urls {
         args.extend(["--url", u.as_str()]);
     }
-    let rt = tokio::runtime::Builder::new_current_thread()
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
@@ -548,4 +548,121 @@ fn redlock_nodes_listed_shown_and_unlocked() {
         "",
     );
     assert_eq!(o.status.code(), Some(6), "{}", text(&o));
+}
+
+/// The database engines through their URLs (the machine's PostgreSQL and MariaDB, a table of
+/// this test's own, named by the admin's `dlock_table` parameter): `list --json` shows the
+/// holder's token, `unlock --yes` evicts it (its `lost()` fires at its next renewal) and `show`
+/// then answers "not held".
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn sql_engine_round_trip(
+    rt: &tokio::runtime::Runtime,
+    url: &str,
+    backend: std::sync::Arc<dyn dlock_runtime::Backend>,
+    table: &str,
+) {
+    // The backend's connections live on `rt`, which runs while the CLI runs (multi-thread), so
+    // the holder keeps renewing.
+    let g = rt
+        .block_on(
+            dlock_runtime::Lock::new("cli:sql")
+                .with_backend(backend)
+                .ttl(Duration::from_secs(3))
+                .acquire(),
+        )
+        .unwrap();
+    let admin_url = format!(
+        "{url}{}dlock_table={table}",
+        if url.contains('?') { "&" } else { "?" }
+    );
+    let o = dlock(&admin_url, &["list", "cli:*", "--json"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let held = &v.as_array().unwrap()[0];
+    assert_eq!(held["name"], "cli:sql");
+    assert_eq!(held["fencing_token"].as_u64(), Some(g.fencing_token()));
+    let o = dlock(&admin_url, &["unlock", "cli:sql", "--yes"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(10), g.lost())
+            .await
+            .expect("the evicted holder hears it")
+    });
+    assert_eq!(
+        dlock(&admin_url, &["show", "cli:sql"], "").status.code(),
+        Some(3)
+    );
+}
+
+#[cfg(feature = "postgres")]
+#[test]
+fn postgres_lock_table_list_unlock_show() {
+    let url = std::env::var("DLOCK_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string());
+    let table = format!("dlock_t_cli_pg_{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let b = rt
+        .block_on(
+            dlock_runtime::PostgresBackend::builder(&url)
+                .table(&table)
+                .connect(),
+        )
+        .expect("the machine's PostgreSQL (scripts/test starts one)");
+    sql_engine_round_trip(&rt, &url, std::sync::Arc::new(b), &table);
+    rt.block_on(async {
+        let (c, conn) =
+            dlock_runtime::tokio_postgres::connect(&url, dlock_runtime::tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        c.batch_execute(&format!(
+            "DROP TABLE {table}; DROP SEQUENCE IF EXISTS {table}_fence"
+        ))
+        .await
+        .unwrap();
+    });
+}
+
+#[cfg(feature = "mysql")]
+#[test]
+fn mysql_lock_table_list_unlock_show() {
+    use dlock_runtime::mysql_async::prelude::Queryable;
+    let url = std::env::var("DLOCK_MYSQL_URL")
+        .unwrap_or_else(|_| "mysql://root@127.0.0.1:3306/test".to_string());
+    let table = format!("dlock_t_cli_my_{}", std::process::id());
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let b = rt
+        .block_on(
+            dlock_runtime::MysqlBackend::builder(&url)
+                .table(&table)
+                .connect(),
+        )
+        .expect("the machine's MariaDB (scripts/test starts one)");
+    sql_engine_round_trip(&rt, &url, std::sync::Arc::new(b), &table);
+    rt.block_on(async {
+        let opts = dlock_runtime::mysql_async::Opts::from_url(&url).unwrap();
+        let mut c = dlock_runtime::mysql_async::Conn::new(opts).await.unwrap();
+        c.query_drop(format!("DROP TABLE {table}")).await.unwrap();
+    });
+}
+
+/// ZooKeeper and etcd URLs are dispatched to their engines: with nothing listening, each is a
+/// connection failure (exit 5) within the call bound, and the URL's password is never printed.
+#[cfg(all(feature = "zookeeper", feature = "etcd"))]
+#[test]
+fn zookeeper_and_etcd_urls_reach_their_engines() {
+    for scheme in ["zk", "etcd"] {
+        let url = format!("{scheme}://ops:s3cr3t-pw@127.0.0.1:{}", free_port());
+        let t0 = Instant::now();
+        let o = dlock(&url, &["list"], "");
+        assert_eq!(o.status.code(), Some(5), "{scheme}: {}", text(&o));
+        assert!(!text(&o).contains("s3cr3t-pw"), "{}", text(&o));
+        assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    }
 }
