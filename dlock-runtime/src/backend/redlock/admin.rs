@@ -89,13 +89,15 @@ impl RedlockAdmin {
     }
 }
 
+/// One owner across the nodes: (nodes held, most holds, largest token, shortest lease).
+type OwnerView = (usize, u32, Option<u64>, Option<Duration>);
+
 /// One lock from every node's view; `None` when no node holds it.
 fn combine(
     name: &str,
     views: &[(String, Result<Option<LockInfo>, AdminError>)],
 ) -> Option<LockInfo> {
-    // owner -> (nodes held, max holds, max token, min lease)
-    let mut owners: BTreeMap<&str, (usize, u32, Option<u64>, Option<Duration>)> = BTreeMap::new();
+    let mut owners: BTreeMap<&str, OwnerView> = BTreeMap::new();
     let mut waiters: Option<u64> = None;
     let mut details = Vec::new();
     for (addr, v) in views {
