@@ -189,7 +189,9 @@ async fn disconnected_holder_is_lost_by_its_session_deadline_then_a_new_session_
 }
 
 const DIGEST_USER: &str = "locker";
-const DIGEST_PASSWORD: &str = "s3cret-Pw";
+/// With a `/` and an `@`: the URL form percent-encodes them (`DIGEST_PASSWORD_IN_URL`).
+const DIGEST_PASSWORD: &str = "s3cr/et@Pw";
+const DIGEST_PASSWORD_IN_URL: &str = "s3cr%2Fet%40Pw";
 
 /// True for `LockError::Backend` whose source is ZooKeeper's `NoAuth`.
 fn is_no_auth(e: &dlock::LockError) -> bool {
@@ -253,7 +255,7 @@ async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
 
     // The URL form authenticates the same way.
     let by_url = dlock::ZookeeperBackend::connect(&format!(
-        "zk://{DIGEST_USER}:{DIGEST_PASSWORD}@{}",
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD_IN_URL}@{}",
         server.hosts()
     ))
     .await
@@ -590,7 +592,10 @@ async fn admin_over_a_digest_url_reads_and_unlocks_and_never_shows_the_password(
         .await
         .unwrap();
 
-    let url = format!("zk://{DIGEST_USER}:{DIGEST_PASSWORD}@{}", server.hosts());
+    let url = format!(
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD_IN_URL}@{}",
+        server.hosts()
+    );
     let admin = dlock::admin::connect(&url).await.expect("admin by URL");
     assert_eq!(
         admin.target(),
@@ -630,7 +635,7 @@ async fn admin_over_a_digest_url_reads_and_unlocks_and_never_shows_the_password(
     let closed = common::free_port();
     let t = Instant::now();
     let e = dlock::admin::connect(&format!(
-        "zk://{DIGEST_USER}:{DIGEST_PASSWORD}@127.0.0.1:{closed}"
+        "zk://{DIGEST_USER}:{DIGEST_PASSWORD_IN_URL}@127.0.0.1:{closed}"
     ))
     .await
     .unwrap_err();

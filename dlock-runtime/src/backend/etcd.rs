@@ -274,7 +274,7 @@ pub(crate) fn escape(name: &str) -> String {
 
 /// `(user, password)` and the endpoints of `etcd://[user:password@]host:port[,host:port...]`.
 /// Errors never contain the password.
-pub(crate) type ParsedUrl<'a> = (Option<(&'a str, &'a str)>, Vec<&'a str>);
+pub(crate) type ParsedUrl<'a> = (Option<(String, String)>, Vec<&'a str>);
 
 /// Splits an `etcd://` URL (see [`EtcdBackend::connect`]).
 pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl<'_>, LockError> {
@@ -284,7 +284,13 @@ pub(crate) fn parse_url(url: &str) -> Result<ParsedUrl<'_>, LockError> {
     let rest = rest.trim_end_matches('/');
     let (userinfo, hosts) = match rest.rfind('@') {
         Some(at) => match rest[..at].split_once(':') {
-            Some((u, p)) if !u.is_empty() => (Some((u, p)), &rest[at + 1..]),
+            Some((u, p)) if !u.is_empty() => (
+                Some((
+                    super::url_decode(u, "user")?,
+                    super::url_decode(p, "password")?,
+                )),
+                &rest[at + 1..],
+            ),
             _ => {
                 return Err(LockError::Config(
                     "the user part of an etcd URL must be `user:password@`".to_string(),
@@ -324,7 +330,7 @@ impl EtcdBackend {
         let (userinfo, eps) = parse_url(url)?;
         let mut b = Self::builder(&eps);
         if let Some((u, p)) = userinfo {
-            b = b.user(u, p);
+            b = b.user(&u, &p);
         }
         b.build().await
     }

@@ -26,6 +26,16 @@ pub(crate) mod sql;
 #[cfg(feature = "zookeeper")]
 pub(crate) mod zookeeper;
 
+#[cfg(any(feature = "etcd", feature = "zookeeper"))]
+/// Percent-decodes one part of a URL's user information (`%2F` for `/`, `%40` for `@`, `%3A`
+/// for `:`). Never shows the value in its error.
+pub(crate) fn url_decode(part: &str, what: &str) -> Result<String, LockError> {
+    percent_encoding::percent_decode_str(part)
+        .decode_utf8()
+        .map(|c| c.into_owned())
+        .map_err(|_| LockError::Config(format!("the URL's {what} is not UTF-8 once decoded")))
+}
+
 /// A boxed, sendable future, as the [`Backend`] methods return.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -136,3 +146,19 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
 }
 
 pub use crate::wait::Watch;
+
+#[cfg(all(test, any(feature = "etcd", feature = "zookeeper")))]
+mod tests {
+    #[test]
+    fn url_user_parts_are_percent_decoded() {
+        assert_eq!(
+            super::url_decode("s3cr%2Fet%40Pw%3A", "p").unwrap(),
+            "s3cr/et@Pw:"
+        );
+        assert_eq!(super::url_decode("plain", "p").unwrap(), "plain");
+        let e = super::url_decode("%ff%fe", "password")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("password") && !e.contains("%ff"), "{e}");
+    }
+}

@@ -259,19 +259,25 @@ pub struct ZookeeperBackend {
     inner: Arc<Inner>,
 }
 
-/// `(user, password)` from a URL.
-pub(crate) type UserPass<'a> = (&'a str, &'a str);
+/// `(user, password)` from a URL, percent-decoded.
+pub(crate) type UserPass = (String, String);
 
 /// Splits `user:password@rest` (the `@` before the first `/`); no user part leaves `rest`
 /// whole. Errors never contain the password.
-pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
+pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<UserPass>, &str), LockError> {
     let authority_end = rest.find('/').unwrap_or(rest.len());
     let Some(at) = rest[..authority_end].rfind('@') else {
         return Ok((None, rest));
     };
     let (info, hosts) = (&rest[..at], &rest[at + 1..]);
     match info.split_once(':') {
-        Some((user, password)) if !user.is_empty() => Ok((Some((user, password)), hosts)),
+        Some((user, password)) if !user.is_empty() => Ok((
+            Some((
+                super::url_decode(user, "user")?,
+                super::url_decode(password, "password")?,
+            )),
+            hosts,
+        )),
         _ => Err(LockError::Config(
             "the user part of the URL must be `user:password@`".to_string(),
         )),
@@ -279,7 +285,7 @@ pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<UserPass<'_>>, &str),
 }
 
 /// Splits `zk://[user:password@]hosts[/chroot]` into its user part and `hosts[/chroot]`.
-pub(crate) fn parse_url(url: &str) -> Result<(Option<UserPass<'_>>, &str), LockError> {
+pub(crate) fn parse_url(url: &str) -> Result<(Option<UserPass>, &str), LockError> {
     let rest = url
         .strip_prefix("zk://")
         .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
@@ -321,7 +327,7 @@ impl ZookeeperBackend {
         let (userinfo, hosts) = parse_url(url)?;
         let mut b = Self::builder(hosts);
         if let Some((user, password)) = userinfo {
-            b = b.digest_auth(user, password);
+            b = b.digest_auth(&user, &password);
         }
         b.build().await
     }

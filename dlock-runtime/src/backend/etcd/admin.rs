@@ -120,11 +120,11 @@ impl EtcdAdmin {
                 "cannot use this etcd URL: no endpoint given",
             ));
         }
-        let shown = match userinfo {
+        let shown = match &userinfo {
             Some((user, _)) => format!("etcd://{user}@{}", eps.join(",")),
             None => format!("etcd://{}", eps.join(",")),
         };
-        let secret = userinfo.map(|(_, p)| p.to_string());
+        let secret = userinfo.as_ref().map(|(_, p)| p.clone());
         let mut opts = etcd::ConnectOptions::new()
             .with_connect_timeout(CALL_TIMEOUT)
             .with_keep_alive(Duration::from_secs(2), CALL_TIMEOUT)

@@ -92,11 +92,11 @@ impl ZookeeperAdmin {
     pub async fn connect(url: &str) -> Result<ZookeeperAdmin, AdminError> {
         let (userinfo, hosts) = parse_url(url)
             .map_err(|e| AdminError::unsupported(format!("cannot use this ZooKeeper URL: {e}")))?;
-        let shown = match userinfo {
+        let shown = match &userinfo {
             Some((user, _)) => format!("zk://{user}@{hosts}"),
             None => format!("zk://{hosts}"),
         };
-        let secret = userinfo.map(|(_, p)| p.to_string());
+        let secret = userinfo.as_ref().map(|(_, p)| p.clone());
         let mut connector = zk::Client::connector();
         connector
             .session_timeout(Duration::from_secs(10))
