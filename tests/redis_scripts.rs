@@ -144,3 +144,66 @@ fn a_hold_at_least_remainder_cannot_be_extended() {
     let pttl: i64 = redis::cmd("PTTL").arg("dlock:{h}").query(&mut con).unwrap();
     assert!(pttl <= 5_000, "the remainder's expiry moved: {pttl} ms");
 }
+
+/// The acquire script's three reply shapes, as the backends parse them (`scripts::acquire_reply`):
+/// a first acquisition answers its token alone (a bulk string of digits, the value also stored
+/// in the fence key and the hash's `:fence`), a re-entry `[token, count]`, a busy lock the
+/// holder's remaining lease in ms as an integer.
+#[test]
+fn acquire_replies_a_token_then_token_and_count_then_the_remaining_lease() {
+    use redis::Value;
+    let srv = RedisProc::start();
+    let mut con = srv.admin();
+    let mut acquire = |owner: &str| -> Value {
+        redis::Script::new(ACQUIRE)
+            .key("dlock:{r}")
+            .key("dlock:{r}:fence")
+            .arg(owner)
+            .arg(60_000)
+            .arg(120_000)
+            .invoke(&mut con)
+            .unwrap()
+    };
+    let first = acquire("o1");
+    let Value::BulkString(t) = &first else {
+        panic!("a first acquisition must answer a bulk string, got {first:?}");
+    };
+    let token = String::from_utf8(t.clone()).unwrap();
+    assert!(
+        token.len() == 16 && token.bytes().all(|b| b.is_ascii_digit()),
+        "the token is microseconds since the epoch: {token:?}"
+    );
+    let again = acquire("o1");
+    assert_eq!(
+        again,
+        Value::Array(vec![Value::BulkString(t.clone()), Value::Int(2)]),
+        "a re-entry answers [token, count]"
+    );
+    let busy = acquire("o2");
+    let Value::Int(pttl) = busy else {
+        panic!("a busy lock must answer an integer, got {busy:?}");
+    };
+    assert!(
+        (50_000..=60_000).contains(&pttl),
+        "busy answers the remaining lease: {pttl}"
+    );
+    let fence: String = redis::cmd("GET")
+        .arg("dlock:{r}:fence")
+        .query(&mut con)
+        .unwrap();
+    let in_hash: String = redis::cmd("HGET")
+        .arg("dlock:{r}")
+        .arg(":fence")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(
+        (fence.as_str(), in_hash.as_str()),
+        (token.as_str(), token.as_str())
+    );
+    let held: Option<String> = redis::cmd("HGET")
+        .arg("dlock:{r}")
+        .arg("o2")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(held, None, "a busy try must not add its owner");
+}
