@@ -589,7 +589,7 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let r: Vec<i64> = run_script(
+            let r: redis::Value = run_script(
                 &mut con,
                 &ACQUIRE,
                 &[&keys.lock, &keys.fence],
@@ -601,26 +601,19 @@ impl Backend for ClusterBackend {
             )
             .await
             .map_err(|e| LockError::backend(name, e))?;
-            match r.as_slice() {
-                [1, token, count] => {
-                    let count = (*count).clamp(0, u32::MAX as i64) as u32;
-                    if let Some((n, timeout)) = self.inner.min_replicas {
-                        self.confirm_replicas(&mut con, name, owner, count, n, timeout)
-                            .await?;
-                    }
-                    Ok(Acquired::Granted {
-                        token: *token as u64,
-                        count,
-                    })
-                }
-                [0, pttl] => Ok(Acquired::Busy {
-                    remaining: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
-                }),
-                other => Err(LockError::backend(
+            let acquired = crate::scripts::acquire_reply(&r).ok_or_else(|| {
+                LockError::backend(
                     name,
-                    format!("unexpected reply from the acquire script: {other:?}"),
-                )),
+                    format!("unexpected reply from the acquire script: {r:?}"),
+                )
+            })?;
+            if let (Acquired::Granted { count, .. }, Some((n, timeout))) =
+                (acquired, self.inner.min_replicas)
+            {
+                self.confirm_replicas(&mut con, name, owner, count, n, timeout)
+                    .await?;
             }
+            Ok(acquired)
         })
     }
 

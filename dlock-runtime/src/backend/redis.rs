@@ -851,7 +851,7 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let r: Vec<i64> = scripts::ACQUIRE
+            let r: Value = scripts::ACQUIRE
                 .key(&keys.lock)
                 .key(&keys.fence)
                 .arg(owner)
@@ -860,19 +860,12 @@ impl Backend for RedisBackend {
                 .invoke_async(&mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
-            match r.as_slice() {
-                [1, token, count] => Ok(Acquired::Granted {
-                    token: *token as u64,
-                    count: (*count).clamp(0, u32::MAX as i64) as u32,
-                }),
-                [0, pttl] => Ok(Acquired::Busy {
-                    remaining: (*pttl >= 0).then(|| Duration::from_millis(*pttl as u64)),
-                }),
-                other => Err(LockError::backend(
+            scripts::acquire_reply(&r).ok_or_else(|| {
+                LockError::backend(
                     name,
-                    format!("unexpected reply from the acquire script: {other:?}"),
-                )),
-            }
+                    format!("unexpected reply from the acquire script: {r:?}"),
+                )
+            })
         })
     }
 

@@ -16,3 +16,89 @@ pub(crate) static RELEASE: LazyLock<Script> =
 /// Owner-checked lease extension.
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
+
+/// The acquire script's reply (see the header of `acquire.lua`): a bulk string token for a
+/// first acquisition, `[token, count]` for a re-entry, an integer (the remaining lease in ms,
+/// -1 without expiry) when another owner holds the lock. `None` for anything else.
+pub(crate) fn acquire_reply(v: &redis::Value) -> Option<crate::backend::Acquired> {
+    use crate::backend::Acquired;
+    use redis::Value;
+    match v {
+        Value::BulkString(b) => Some(Acquired::Granted {
+            token: digits(b)?,
+            count: 1,
+        }),
+        Value::Int(pttl) => Some(Acquired::Busy {
+            remaining: (*pttl >= 0).then(|| std::time::Duration::from_millis(*pttl as u64)),
+        }),
+        Value::Array(a) => match a.as_slice() {
+            [t, Value::Int(count)] => Some(Acquired::Granted {
+                token: match t {
+                    Value::BulkString(b) => digits(b)?,
+                    Value::Int(n) => u64::try_from(*n).ok()?,
+                    _ => return None,
+                },
+                count: (*count).clamp(0, u32::MAX as i64) as u32,
+            }),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// A decimal token: ASCII digits only, no sign, fits in a u64.
+fn digits(b: &[u8]) -> Option<u64> {
+    if b.is_empty() || b.len() > 20 {
+        return None;
+    }
+    b.iter().try_fold(0u64, |n, &c| {
+        c.is_ascii_digit()
+            .then_some(())
+            .and_then(|_| n.checked_mul(10)?.checked_add(u64::from(c - b'0')))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Acquired;
+    use redis::Value;
+    use std::time::Duration;
+
+    #[test]
+    fn acquire_replies_parse_by_type() {
+        let bulk = |s: &str| Value::BulkString(s.as_bytes().to_vec());
+        assert!(matches!(
+            acquire_reply(&bulk("1732377600000001")),
+            Some(Acquired::Granted {
+                token: 1732377600000001,
+                count: 1
+            })
+        ));
+        assert!(matches!(
+            acquire_reply(&Value::Array(vec![bulk("42"), Value::Int(3)])),
+            Some(Acquired::Granted {
+                token: 42,
+                count: 3
+            })
+        ));
+        assert!(matches!(
+            acquire_reply(&Value::Int(1500)),
+            Some(Acquired::Busy { remaining: Some(d) }) if d == Duration::from_millis(1500)
+        ));
+        assert!(matches!(
+            acquire_reply(&Value::Int(-1)),
+            Some(Acquired::Busy { remaining: None })
+        ));
+        for bad in [
+            bulk(""),
+            bulk("-1"),
+            bulk("12a"),
+            bulk("99999999999999999999999"),
+            Value::Nil,
+            Value::Array(vec![Value::Int(1)]),
+        ] {
+            assert!(acquire_reply(&bad).is_none(), "{bad:?} accepted");
+        }
+    }
+}

@@ -4,12 +4,15 @@
 -- ARGV[4] '1' to give back every hold of the owner (the outermost guard), '0' for one
 -- Returns -1 when the caller is not the owner (nothing changed), the remaining hold count when
 -- holds remain, 0 when the lock was freed (deleted and one wake-up published, or kept until
--- keep-for runs out, without a wake-up). ARGV[2] must be an integer in 0..2^48.
-local keep = tonumber(ARGV[2])
-if not keep or keep < 0 or keep > 281474976710656 or keep % 1 ~= 0 then
+-- keep-for runs out, without a wake-up). ARGV[2] must be 0 or a positive integer of at most 14
+-- digits (below 2^48).
+-- (Strings are compared and passed on as they came: see the cost notes in acquire.lua.)
+local keep = ARGV[2]
+if keep ~= '0' and (#keep > 14 or not string.find(keep, '^[1-9]%d*$')) then
   return redis.error_reply('dlock: keep-for out of range')
 end
-if (tonumber(redis.call('HGET', KEYS[1], ARGV[1]) or '0') or 0) <= 0 then
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held ~= '1' and (tonumber(held or '0') or 0) <= 0 then
   return -1
 end
 local count = 0
@@ -19,8 +22,8 @@ end
 if count > 0 then
   return count
 end
-if keep > 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], 0)
+if keep ~= '0' then
+  redis.call('HSET', KEYS[1], ARGV[1], '0')
   redis.call('PEXPIRE', KEYS[1], keep)
   return 0
 end

@@ -1,0 +1,106 @@
+#!/usr/bin/env python3
+"""Server instructions per acquire+release pair, counted by callgrind (issue 7, deliverable 5).
+
+Wall-clock CPU figures on a shared box move by tens of percent between runs; instruction counts
+do not (repeat runs agree within about 1 %). This runs one private `redis-server` under
+`valgrind --tool=callgrind` (`--hz 1`, no persistence, a free loopback port), pipes N pairs of
+each variant through `redis-cli --pipe` (EVALSHA of the scripts, no client logic), and divides
+the instructions the server executed during those N pairs (counters zeroed and dumped with
+`callgrind_control` around each batch, after a warm-up batch) by N. The count includes the
+server's network reads and writes of both commands, as `used_cpu_user+sys` does.
+
+Usage: python3 benches/server_instr.py [pairs] [git-rev ...]
+  pairs    default 4000 (valgrind runs the server ~50x slower; 4000 pairs take ~10 s a variant)
+  git-rev  also measure dlock's scripts as of these revisions (e.g. 49fb07a), read by `git show`
+Variants: dlock (the working tree's acquire.lua + release.lua, outermost release, a free key),
+the minimal re-entrant pair of benches/server_cpu.py (hash + PEXPIRE, then DEL + PUBLISH, no
+fencing), and rslock (SET NX PX + its unlock script). Two rounds; the second is printed.
+"""
+import glob, os, socket, subprocess, sys, tempfile, time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.join(HERE, '..')
+SCRIPTS = 'dlock-runtime/src/scripts'
+N = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
+REVS = sys.argv[2:]
+
+MIN_ACQ = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('HSET', KEYS[1], ARGV[1], 1); redis.call('PEXPIRE', KEYS[1], ARGV[2]); return nil
+end
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], 1); redis.call('PEXPIRE', KEYS[1], ARGV[2]); return nil
+end
+return redis.call('PTTL', KEYS[1])"""
+MIN_REL = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return nil end
+local c = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
+if c > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 0 end
+redis.call('DEL', KEYS[1]); redis.call('PUBLISH', ARGV[3], '1'); return 1"""
+RSL_REL = """if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"""
+
+
+def resp(*a):
+    out = [b'*%d\r\n' % len(a)]
+    for x in a:
+        x = x if isinstance(x, bytes) else str(x).encode()
+        out.append(b'$%d\r\n%s\r\n' % (len(x), x))
+    return b''.join(out)
+
+
+def free_port():
+    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]; s.close(); return p
+
+
+def script(rev, name):
+    if rev is None:
+        return open(os.path.join(ROOT, SCRIPTS, name)).read()
+    return subprocess.run(['git', '-C', ROOT, 'show', f'{rev}:{SCRIPTS}/{name}'],
+                          capture_output=True, check=True).stdout.decode()
+
+
+def main():
+    port = free_port(); d = tempfile.mkdtemp(); out = os.path.join(d, 'callgrind.out')
+    srv = subprocess.Popen(['valgrind', '--tool=callgrind', '--callgrind-out-file=' + out,
+                            'redis-server', '--port', str(port), '--bind', '127.0.0.1', '--save', '',
+                            '--appendonly', 'no', '--dir', d, '--hz', '1'],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    cli = ['redis-cli', '-p', str(port)]
+    def q(*a): return subprocess.run(cli + list(a), capture_output=True, check=True).stdout.decode()
+    def ctl(flag): subprocess.run(['callgrind_control', flag, str(srv.pid)], capture_output=True, check=True)
+    try:
+        for _ in range(600):
+            if subprocess.run(cli + ['PING'], capture_output=True).stdout.strip() == b'PONG':
+                break
+            time.sleep(0.1)
+        load = lambda src: q('SCRIPT', 'LOAD', src).strip()
+        owner = 'o:0123456789abcdef:1'
+        variants = []
+        for rev in [None] + REVS:
+            acq, rel = load(script(rev, 'acquire.lua')), load(script(rev, 'release.lua'))
+            variants.append((f'dlock {rev or "(tree)"}',
+                             resp('EVALSHA', acq, 2, 'dlock:{k}', 'dlock:{k}:fence', owner, 30000, 90000)
+                             + resp('EVALSHA', rel, 1, 'dlock:{k}', owner, 0, 'dlock:{k}:rel', 1)))
+        macq, mrel, rrel = load(MIN_ACQ), load(MIN_REL), load(RSL_REL)
+        variants.append(('minimal re-entrant', resp('EVALSHA', macq, 1, 'min:{k}', owner, 30000)
+                         + resp('EVALSHA', mrel, 1, 'min:{k}', owner, 30000, 'min:{k}:rel')))
+        variants.append(('rslock', resp('SET', 'rsl:k', owner, 'NX', 'PX', 30000)
+                         + resp('EVALSHA', rrel, 1, 'rsl:k', owner)))
+        print(f'pairs per variant: {N}; server instructions per pair (callgrind, includes network I/O)')
+        for rnd in range(2):
+            for label, one in variants:
+                subprocess.run(cli + ['--pipe'], input=one * 200, capture_output=True, check=True)
+                ctl('-z')
+                subprocess.run(cli + ['--pipe'], input=one * N, capture_output=True, check=True)
+                ctl('-d')
+                time.sleep(0.3)
+                dump = sorted(glob.glob(out + '*'), key=os.path.getmtime)[-1]
+                total = next(int(l.split()[1]) for l in open(dump)
+                             if l.startswith('summary:') or l.startswith('totals:'))
+                if rnd == 1:
+                    print(f'{label:24} {total / N:10.0f}', flush=True)
+    finally:
+        srv.kill(); srv.wait()
+
+
+main()
