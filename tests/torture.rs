@@ -293,6 +293,39 @@ fn checker_excuses_state_loss_but_not_tokens() {
     assert_eq!(r.token_order_violations, 1, "token 3 granted after token 5");
 }
 
+/// A grant the caller saw only after its own deadline (its process was stopped between the
+/// server's grant and the reply being read; the Redlock torture run met one): confirmed at
+/// 400 ms inside a's hold, with a token older than a's, but its deadline (300 ms) had passed.
+/// It never held a valid lease, so neither the lease invariant nor the token order counts it;
+/// its accepted unfenced write inside a's hold is still an unnoticed overlap.
+#[test]
+fn checker_skips_grants_stale_on_arrival_but_judges_their_writes() {
+    let a = hold("a", 5, 350 * MS, 900 * MS, vec![]);
+    let mut b = hold("b", 3, 400 * MS, 450 * MS, vec![]);
+    b.t_send = 10 * MS;
+    b.deadlines = vec![(400 * MS, 300 * MS)];
+    let r = analyse(vec![a.clone(), b.clone()]);
+    assert_eq!(r.stale_on_arrival, 1);
+    assert_eq!(r.lease_violations, 0);
+    assert_eq!(r.token_order_violations, 0);
+    // A grant confirmed before its deadline in the same place is a violation of both.
+    let mut live = b.clone();
+    live.deadlines = vec![(400 * MS, 1400 * MS)];
+    let r = analyse(vec![a.clone(), live]);
+    assert_eq!((r.lease_violations, r.token_order_violations), (1, 1));
+    // A stale-on-arrival hold whose unfenced write lands is still caught.
+    b.ops = vec![op("uwrite", true, 410 * MS)];
+    let r = analyse(vec![a, b]);
+    assert_eq!(r.stale_on_arrival, 1);
+    assert!(
+        r.overlaps
+            .iter()
+            .any(|o| o.class == OverlapClass::UnnoticedUnfenced),
+        "{:?}",
+        r.overlaps
+    );
+}
+
 #[test]
 fn checker_counts_lost_updates_from_the_server_log() {
     let input = Input {

@@ -53,6 +53,19 @@ pub(crate) struct Hold {
 }
 
 impl Hold {
+    /// True when the caller got this grant only after its own deadline had passed: the process
+    /// was stopped (SIGSTOP) between the server's grant and the caller seeing it. Its guard is
+    /// invalid from the start (`lost()` fires at once), so it never held a valid lease; the
+    /// lease and token-order checks skip it, the overlap checks still judge its writes.
+    pub(crate) fn stale_on_arrival(&self) -> bool {
+        self.deadlines
+            .iter()
+            .filter(|(t, _)| *t <= self.t_ok)
+            .map(|&(_, d)| d)
+            .max()
+            .is_some_and(|d| d <= self.t_ok)
+    }
+
     /// End of the believed-held interval: `min(release sent, lost, killed)`, or `run_end`.
     pub(crate) fn end(&self, run_end: u64) -> u64 {
         [self.t_rel_send, self.t_lost, self.t_killed]
@@ -135,6 +148,8 @@ pub(crate) struct Report {
     /// Non-increasing tokens in grant order, and repeated tokens.
     pub(crate) token_order_violations: usize,
     pub(crate) token_duplicates: usize,
+    /// Grants the caller saw only after their own deadline (see [`Hold::stale_on_arrival`]).
+    pub(crate) stale_on_arrival: usize,
     /// Faults after which no acquisition came within ttl + 2 s (while the run went on).
     pub(crate) slow_recoveries: usize,
     /// Release outcomes.
@@ -235,6 +250,12 @@ impl fmt::Display for Report {
             f,
             "tokens                {} order violations, {} duplicates",
             self.token_order_violations, self.token_duplicates
+        )?;
+        writeln!(
+            f,
+            "stale on arrival      {} (grants seen after their own deadline: a process stopped \
+             mid-acquire; outside the lease and token-order checks, writes still checked)",
+            self.stale_on_arrival
         )?;
         writeln!(
             f,
@@ -450,15 +471,22 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
         }
     }
 
-    // Tokens: strictly increasing in grant order, and unique.
+    // Tokens: strictly increasing in grant order, and unique. A grant seen only after its own
+    // deadline has no place in that order (its confirmation time is the caller's resume).
     let mut seen = HashSet::new();
-    for (i, h) in holds.iter().enumerate() {
+    let mut prev: Option<u64> = None;
+    for h in holds.iter() {
         if !seen.insert(h.token) {
             r.token_duplicates += 1;
         }
-        if i > 0 && holds[i - 1].token >= h.token {
+        if h.stale_on_arrival() {
+            r.stale_on_arrival += 1;
+            continue;
+        }
+        if prev.is_some_and(|p| p >= h.token) {
             r.token_order_violations += 1;
         }
+        prev = Some(h.token);
     }
 
     // Overlaps and the lease invariant: for each hold A, every later grant B before A's end.
@@ -476,16 +504,29 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
                 .filter(|(t, _)| *t <= b.t_ok)
                 .map(|&(_, d)| d)
                 .max();
-            if a_deadline.is_some_and(|d| b.t_ok < d) {
+            if a_deadline.is_some_and(|d| b.t_ok < d) && !b.stale_on_arrival() {
                 if during_state_loss {
                     r.lease_violations_in_state_loss += 1;
                 } else {
                     r.lease_violations += 1;
                 }
             }
-            // B showed its token to the fenced store once its first fenced op completed.
-            let b_registered = b.ops.iter().filter(|o| o.fenced).map(|o| o.t_done).min();
-            let late: Vec<&Op> = a.ops.iter().filter(|o| o.t_done > b.t_ok).collect();
+            // Whose writes to judge: normally A's after B's grant; when B arrived stale (its
+            // deadline had passed when its caller saw it), B is the stale holder and A the
+            // valid one, so B's writes during A's hold are judged.
+            let (stale, newer, newer_end) = if b.stale_on_arrival() {
+                (b, a, a_end)
+            } else {
+                (a, b, b.end(run_end))
+            };
+            // The newer holder showed its token to the fenced store once its first fenced op
+            // completed.
+            let b_registered = newer.ops.iter().filter(|o| o.fenced).map(|o| o.t_done).min();
+            let late: Vec<&Op> = stale
+                .ops
+                .iter()
+                .filter(|o| o.t_done > b.t_ok && o.t < newer_end)
+                .collect();
             // An unfenced write sent after B's grant was confirmed ran inside B's hold. (One sent
             // just before it and answered after is ambiguous; the counters catch real damage.)
             let class = if late
@@ -504,10 +545,10 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
                 OverlapClass::Lost
             };
             r.overlaps.push(Overlap {
-                stale: a.id.clone(),
-                newer: b.id.clone(),
-                stale_token: a.token,
-                newer_token: b.token,
+                stale: stale.id.clone(),
+                newer: newer.id.clone(),
+                stale_token: stale.token,
+                newer_token: newer.token,
                 overlap_ns: a_end.min(b.end(run_end)) - b.t_ok,
                 class,
                 during_state_loss,
