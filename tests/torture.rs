@@ -308,6 +308,19 @@ fn checker_skips_grants_stale_on_arrival_but_judges_their_writes() {
     assert_eq!(r.stale_on_arrival, 1);
     assert_eq!(r.lease_violations, 0);
     assert_eq!(r.token_order_violations, 0);
+    // The worker's log form of the same: the grant logged with no deadline at all.
+    let mut no_dl = b.clone();
+    no_dl.deadlines.clear();
+    no_dl.no_lease_at_ok = true;
+    let r = analyse(vec![a.clone(), no_dl]);
+    assert_eq!(
+        (
+            r.stale_on_arrival,
+            r.lease_violations,
+            r.token_order_violations
+        ),
+        (1, 0, 0)
+    );
     // A grant confirmed before its deadline in the same place is a violation of both.
     let mut live = b.clone();
     live.deadlines = vec![(400 * MS, 1400 * MS)];

@@ -50,6 +50,9 @@ pub(crate) struct Hold {
     pub(crate) rel: Option<String>,
     /// Set when the process was SIGKILLed while this hold was open.
     pub(crate) t_killed: Option<u64>,
+    /// The grant was logged without a deadline: its guard had no lease left when its caller
+    /// looked (see `deadline_of` in harness.rs).
+    pub(crate) no_lease_at_ok: bool,
 }
 
 impl Hold {
@@ -58,12 +61,14 @@ impl Hold {
     /// invalid from the start (`lost()` fires at once), so it never held a valid lease; the
     /// lease and token-order checks skip it, the overlap checks still judge its writes.
     pub(crate) fn stale_on_arrival(&self) -> bool {
-        self.deadlines
-            .iter()
-            .filter(|(t, _)| *t <= self.t_ok)
-            .map(|&(_, d)| d)
-            .max()
-            .is_some_and(|d| d <= self.t_ok)
+        self.no_lease_at_ok
+            || self
+                .deadlines
+                .iter()
+                .filter(|(t, _)| *t <= self.t_ok)
+                .map(|&(_, d)| d)
+                .max()
+                .is_some_and(|d| d <= self.t_ok)
     }
 
     /// End of the believed-held interval: `min(release sent, lost, killed)`, or `run_end`.
@@ -396,6 +401,7 @@ pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) ->
                     h.token = u(&v, "token").unwrap_or(0);
                     h.t_send = u(&v, "t_send").unwrap_or(0);
                     h.t_ok = u(&v, "t_ok").unwrap_or(0);
+                    h.no_lease_at_ok = v.get("dl").is_some_and(Value::is_null);
                 }
                 "op" => {
                     let op = Op {
@@ -521,7 +527,12 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
             };
             // The newer holder showed its token to the fenced store once its first fenced op
             // completed.
-            let b_registered = newer.ops.iter().filter(|o| o.fenced).map(|o| o.t_done).min();
+            let b_registered = newer
+                .ops
+                .iter()
+                .filter(|o| o.fenced)
+                .map(|o| o.t_done)
+                .min();
             let late: Vec<&Op> = stale
                 .ops
                 .iter()
