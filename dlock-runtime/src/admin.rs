@@ -352,6 +352,19 @@ pub fn same_hold(expected: &LockInfo, current: &LockInfo) -> bool {
     }
 }
 
+/// The hold a force-release may act on: `now`, unless nothing is held (`Err(NotHeld)`) or it
+/// is no longer the hold `expected` described (`Err(Changed)`, see [`same_hold`]).
+pub(crate) fn still_held(
+    now: Option<LockInfo>,
+    expected: Option<&LockInfo>,
+) -> Result<LockInfo, ForceReleased> {
+    let now = now.ok_or(ForceReleased::NotHeld)?;
+    match expected {
+        Some(exp) if !same_hold(exp, &now) => Err(ForceReleased::Changed),
+        _ => Ok(now),
+    }
+}
+
 /// The scheme of a URL, lower-cased (`None` without `://`).
 fn scheme_of(url: &str) -> Option<String> {
     url.split_once("://").map(|(s, _)| s.to_ascii_lowercase())

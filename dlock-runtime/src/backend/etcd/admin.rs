@@ -17,7 +17,7 @@ use etcd_client::{
 use super::{DEFAULT_PREFIX, escape, parse_url};
 use crate::admin::{
     Admin, AdminError, CALL_TIMEOUT, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching,
-    same_hold, without_secret,
+    still_held, without_secret,
 };
 use crate::backend::BoxFuture;
 
@@ -310,14 +310,10 @@ impl EtcdAdmin {
         name: &str,
         expected: Option<&LockInfo>,
     ) -> Result<ForceReleased, AdminError> {
-        let Some(now) = self.read(name).await? else {
-            return Ok(ForceReleased::NotHeld);
+        let now = match still_held(self.read(name).await?, expected) {
+            Ok(now) => now,
+            Err(done) => return Ok(done),
         };
-        if let Some(exp) = expected
-            && !same_hold(exp, &now)
-        {
-            return Ok(ForceReleased::Changed);
-        }
         let key = now
             .details
             .iter()

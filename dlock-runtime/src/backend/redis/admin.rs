@@ -11,7 +11,7 @@ use redis::aio::MultiplexedConnection;
 use super::redact_url;
 use crate::admin::{
     Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching, bounded,
-    same_hold,
+    still_held,
 };
 use crate::backend::BoxFuture;
 use crate::key::redis_keys;
@@ -248,14 +248,10 @@ impl RedisAdmin {
         name: &str,
         expected: Option<&LockInfo>,
     ) -> Result<ForceReleased, AdminError> {
-        let Some(now) = self.read(name).await? else {
-            return Ok(ForceReleased::NotHeld);
+        let now = match still_held(self.read(name).await?, expected) {
+            Ok(now) => now,
+            Err(done) => return Ok(done),
         };
-        if let Some(exp) = expected
-            && !same_hold(exp, &now)
-        {
-            return Ok(ForceReleased::Changed);
-        }
         let keys = redis_keys(name);
         // The script re-checks what was read, so a hand-over in between is not deleted.
         let token = now.token.map(|t| t.to_string()).unwrap_or_default();

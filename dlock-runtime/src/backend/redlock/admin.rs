@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use crate::admin::{
     Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, RedisAdmin, Watching,
-    bounded, same_hold,
+    bounded, still_held,
 };
 use crate::backend::BoxFuture;
 use futures_util::future::join_all;
@@ -200,14 +200,10 @@ impl Admin for RedlockAdmin {
     ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
         Box::pin(async move {
             let views = self.per_node(name).await;
-            let Some(now) = combine(name, &views) else {
-                return Ok(ForceReleased::NotHeld);
+            let now = match still_held(combine(name, &views), expected) {
+                Ok(now) => now,
+                Err(done) => return Ok(done),
             };
-            if let Some(exp) = expected
-                && !same_hold(exp, &now)
-            {
-                return Ok(ForceReleased::Changed);
-            }
             // Delete the majority holder's key on every node that still has that holder (by
             // owner: each node minted its own token).
             let mut only_owner = LockInfo::new(name);

@@ -44,7 +44,7 @@ use std::time::Duration;
 use super::{DEFAULT_TABLE, check_table};
 use crate::admin::{
     Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching, bounded,
-    same_hold,
+    same_hold, still_held,
 };
 use crate::backend::BoxFuture;
 
@@ -216,6 +216,26 @@ impl TableRow {
     fn lock_name(&self) -> Option<&str> {
         let ok = self.owner.is_some() && self.count.is_some_and(|c| c >= 0) && self.fence.is_some();
         self.name.as_deref().filter(|_| ok)
+    }
+
+    /// The lock `name` from its row (`None`: no live row), or a server error when the row is
+    /// not a dlock lock.
+    fn read_as(
+        row: Option<TableRow>,
+        name: &str,
+        table: &str,
+        details: Vec<(String, String)>,
+    ) -> Result<Option<LockInfo>, AdminError> {
+        let Some(r) = row else {
+            return Ok(None);
+        };
+        if r.lock_name() != Some(name) {
+            return Err(AdminError::server(format!(
+                "the row of `{name}` in {table} is not a dlock lock (NULL or negative count or \
+                 fence)"
+            )));
+        }
+        Ok(Some(r.info(name, details)))
     }
 
     fn info(&self, name: &str, details: Vec<(String, String)>) -> LockInfo {
@@ -683,17 +703,12 @@ mod pg {
                     &[(&name.as_bytes(), Type::BYTEA)],
                 )
                 .await?;
-            let Some(r) = rows.first().map(Self::table_row) else {
-                return Ok(None);
-            };
-            if r.lock_name() != Some(name) {
-                return Err(AdminError::server(format!(
-                    "the row of `{name}` in {} is not a dlock lock (NULL or negative count or \
-                     fence)",
-                    self.inner.table
-                )));
-            }
-            Ok(Some(r.info(name, self.details())))
+            TableRow::read_as(
+                rows.first().map(Self::table_row),
+                name,
+                &self.inner.table,
+                self.details(),
+            )
         }
 
         async fn force(
@@ -701,14 +716,10 @@ mod pg {
             name: &str,
             expected: Option<&LockInfo>,
         ) -> Result<ForceReleased, AdminError> {
-            let Some(now) = self.read(name).await? else {
-                return Ok(ForceReleased::NotHeld);
+            let now = match still_held(self.read(name).await?, expected) {
+                Ok(now) => now,
+                Err(done) => return Ok(done),
             };
-            if let Some(exp) = expected
-                && !same_hold(exp, &now)
-            {
-                return Ok(ForceReleased::Changed);
-            }
             let token = now.token.and_then(|t| i64::try_from(t).ok()).unwrap_or(-1);
             // Freed as the backend's release frees it, only while the fence is the one read,
             // and announced on the channel the backends LISTEN on (at commit).
@@ -1300,17 +1311,12 @@ mod my {
                     &self.select(&format!("name = {h} AND expires_at > UTC_TIMESTAMP(6)")),
                 )
                 .await?;
-            let Some(r) = rows.first().map(Self::table_row) else {
-                return Ok(None);
-            };
-            if r.lock_name() != Some(name) {
-                return Err(AdminError::server(format!(
-                    "the row of `{name}` in {} is not a dlock lock (NULL or negative count or \
-                     fence)",
-                    self.inner.table
-                )));
-            }
-            Ok(Some(r.info(name, self.details())))
+            TableRow::read_as(
+                rows.first().map(Self::table_row),
+                name,
+                &self.inner.table,
+                self.details(),
+            )
         }
 
         async fn force(
@@ -1318,14 +1324,10 @@ mod my {
             name: &str,
             expected: Option<&LockInfo>,
         ) -> Result<ForceReleased, AdminError> {
-            let Some(now) = self.read(name).await? else {
-                return Ok(ForceReleased::NotHeld);
+            let now = match still_held(self.read(name).await?, expected) {
+                Ok(now) => now,
+                Err(done) => return Ok(done),
             };
-            if let Some(exp) = expected
-                && !same_hold(exp, &now)
-            {
-                return Ok(ForceReleased::Changed);
-            }
             let mut h = String::new();
             hex(&mut h, name.as_bytes());
             // Freed as the backend's release frees it, only while the fence is the one read;

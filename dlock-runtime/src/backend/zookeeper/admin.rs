@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 use super::{DEFAULT_ROOT, escape, parse_url, seq_of};
 use crate::admin::{
     Admin, AdminError, CALL_TIMEOUT, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching,
-    bounded, same_hold, without_secret,
+    bounded, still_held, without_secret,
 };
 use crate::backend::BoxFuture;
 
@@ -240,14 +240,10 @@ impl ZookeeperAdmin {
         name: &str,
         expected: Option<&LockInfo>,
     ) -> Result<ForceReleased, AdminError> {
-        let (Some(now), _) = self.read(name).await? else {
-            return Ok(ForceReleased::NotHeld);
+        let now = match still_held(self.read(name).await?.0, expected) {
+            Ok(now) => now,
+            Err(done) => return Ok(done),
         };
-        if let Some(exp) = expected
-            && !same_hold(exp, &now)
-        {
-            return Ok(ForceReleased::Changed);
-        }
         // The node's path names exactly this hold (a random guid and a sequence): deleting it
         // cannot delete a later holder's node.
         let path = now
