@@ -16,6 +16,7 @@
 //! waiters to count, a ZooKeeper lease is a session's (no remaining time per lock), an etcd
 //! lease is the holder process's (its time left until the next keep-alive is what is shown).
 
+use std::collections::HashMap;
 use std::fmt;
 use std::time::Duration;
 
@@ -423,76 +424,296 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
     }
 }
 
-/// A [`Watching`] built by listing the locks under `prefix` every `every` and reporting the
-/// differences: a new holder (name or token) is an [`LockEvent::Acquired`], a name gone is a
-/// [`LockEvent::Released`] (a release and an expiry look the same from outside). For engines,
-/// or server settings, without a change feed; changes shorter than `every` can be missed. The
-/// first listing is taken before this returns, so every change after it is seen.
-pub async fn poll_watch<A>(admin: A, prefix: &str, every: Duration) -> Result<Watching, AdminError>
-where
-    A: Admin + 'static,
-{
-    type Seen = std::collections::BTreeMap<String, Option<u64>>;
-    fn snapshot(l: Listing) -> (Seen, Vec<LockInfo>) {
-        let seen = l.locks.iter().map(|i| (i.name.clone(), i.token)).collect();
-        (seen, l.locks)
-    }
-    let (mut known, _) = snapshot(admin.list(prefix).await?);
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    let prefix = prefix.to_string();
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(every) => {}
-                _ = tx.closed() => return,
-            }
-            let listing = tokio::select! {
-                l = admin.list(&prefix) => l,
-                _ = tx.closed() => return,
-            };
-            let (now, locks) = match listing {
-                Ok(l) => snapshot(l),
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
+/// One lock as a polling watch saw it at one read.
+#[derive(Debug, Clone)]
+pub(crate) struct Seen {
+    /// Its fencing token (0 where the engine keeps none).
+    pub(crate) token: u64,
+    /// Its hold count (0: released but kept, or free).
+    pub(crate) holds: i64,
+    /// Its lease had not ended at the read.
+    pub(crate) live: bool,
+    /// When its lease would end, by this process's clock at the read plus the time left.
+    pub(crate) ends: tokio::time::Instant,
+    pub(crate) owner: Option<String>,
+}
+
+/// The locks one read saw, by name.
+pub(crate) type Snapshot = HashMap<String, Seen>;
+
+/// A snapshot of the locks a listing shows (all live).
+fn snapshot_of(l: &Listing) -> Snapshot {
+    let at = tokio::time::Instant::now();
+    l.locks
+        .iter()
+        .map(|i| {
+            (
+                i.name.clone(),
+                Seen {
+                    token: i.token.unwrap_or(0),
+                    holds: i.holds() as i64,
+                    live: true,
+                    // No known end: a lock that is gone was released, not expired.
+                    ends: at + i.remaining.unwrap_or(Duration::from_secs(86_400)),
+                    owner: i.holders.first().map(|h| h.owner.clone()),
+                },
+            )
+        })
+        .collect()
+}
+
+/// The events between two reads. `notified`: names whose release was announced (PostgreSQL
+/// `NOTIFY`) since the last read. A live hold that is gone (or replaced) ended by a release
+/// when it was announced or went before its lease's end, else its lease ran out.
+pub(crate) fn changes(
+    before: &Snapshot,
+    after: &Snapshot,
+    notified: &std::collections::HashSet<String>,
+) -> Vec<LockEvent> {
+    let now = tokio::time::Instant::now();
+    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
+    names.sort();
+    names.dedup();
+    let mut out = Vec::new();
+    let ended = |name: &str, prev: &Seen| {
+        if notified.contains(name) || now < prev.ends {
+            LockEvent::Released { name: name.into() }
+        } else {
+            LockEvent::Expired { name: name.into() }
+        }
+    };
+    // A row read after its lease ended: given back (no holds left) or run out.
+    let not_live = |name: &str, n: &Seen| {
+        if n.holds == 0 {
+            LockEvent::Released { name: name.into() }
+        } else {
+            LockEvent::Expired { name: name.into() }
+        }
+    };
+    for name in names {
+        match (before.get(name), after.get(name)) {
+            (Some(p), None) => {
+                if p.live {
+                    out.push(ended(name, p));
                 }
-            };
-            let mut events = Vec::new();
-            for name in known.keys() {
-                if !now.contains_key(name) {
-                    events.push(LockEvent::Released { name: name.clone() });
-                }
             }
-            for l in locks {
-                match known.get(&l.name) {
-                    Some(t) if *t == l.token => continue,
-                    // Another hold since the last look: the old one was released.
-                    Some(_) => events.push(LockEvent::Released {
-                        name: l.name.clone(),
-                    }),
-                    None => {}
-                }
-                events.push(LockEvent::Acquired {
-                    owner: l.holders.first().map(|h| h.owner.clone()),
-                    token: l.token,
-                    name: l.name,
-                });
-            }
-            known = now;
-            for e in events {
-                if tx.send(Ok(e)).await.is_err() {
-                    return;
+            (None, None) => {}
+            (p, Some(n)) => {
+                if p.is_none_or(|p| p.token != n.token) {
+                    if let Some(p) = p.filter(|p| p.live) {
+                        out.push(ended(name, p));
+                    }
+                    out.push(LockEvent::Acquired {
+                        name: name.clone(),
+                        owner: n.owner.clone(),
+                        token: (n.token != 0).then_some(n.token),
+                    });
+                    if !n.live {
+                        out.push(not_live(name, n));
+                    }
+                } else if let Some(p) = p {
+                    if p.live && !n.live {
+                        out.push(not_live(name, n));
+                    } else if p.live && n.live && p.holds != n.holds {
+                        out.push(LockEvent::Other {
+                            name: name.clone(),
+                            what: format!("hold count {} -> {}", p.holds, n.holds),
+                        });
+                    }
                 }
             }
         }
+    }
+    out
+}
+
+/// A poll-driven watch task: reads `read(prefix)` every `every` (sooner when `wake` delivers
+/// announced release names) and sends the [`changes`] since the previous read, starting from
+/// `before`. Ends when the receiver is dropped, on a read error, or when `alive`'s task
+/// completes (a dropped listening connection: its error is the last item).
+pub(crate) fn spawn_poll_watch<R, F>(
+    prefix: String,
+    mut before: Snapshot,
+    every: Duration,
+    read: R,
+    mut wake: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
+    mut alive: Option<(tokio::task::JoinHandle<()>, AdminError)>,
+) -> tokio::sync::mpsc::Receiver<Result<LockEvent, AdminError>>
+where
+    R: Fn(String) -> F + Send + 'static,
+    F: Future<Output = Result<Snapshot, AdminError>> + Send,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel(1024);
+    tokio::spawn(async move {
+        loop {
+            let mut notified = std::collections::HashSet::new();
+            tokio::select! {
+                _ = tx.closed() => return,
+                _ = async { match alive.as_mut() { Some((h, _)) => { let _ = h.await; } None => std::future::pending().await } } => {
+                    if let Some((_, lost)) = alive.take() {
+                        let _ = tx.send(Err(lost)).await;
+                    }
+                    return;
+                }
+                n = async { match wake.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
+                    if let Some(n) = n {
+                        notified.insert(n);
+                    }
+                }
+                _ = tokio::time::sleep(every) => {}
+            }
+            if let Some(w) = wake.as_mut() {
+                while let Ok(n) = w.try_recv() {
+                    notified.insert(n);
+                }
+            }
+            let after = tokio::select! {
+                r = read(prefix.clone()) => match r {
+                    Ok(a) => a,
+                    Err(e) => {
+                        let _ = tx.send(Err(e)).await;
+                        return;
+                    }
+                },
+                _ = tx.closed() => return,
+            };
+            for ev in changes(&before, &after, &notified) {
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+            before = after;
+        }
     });
+    rx
+}
+
+/// A [`Watching`] built by listing the locks under `prefix` every `every` and reporting the
+/// differences ([`changes`]): a new holder is an [`LockEvent::Acquired`], a lock gone before
+/// its lease's end a [`LockEvent::Released`], after it an [`LockEvent::Expired`]. For engines,
+/// or server settings, without a change feed; a hold shorter than `every` can be missed. The
+/// first listing is taken before this returns, so every change after it is seen.
+pub async fn poll_watch<A>(admin: A, prefix: &str, every: Duration) -> Result<Watching, AdminError>
+where
+    A: Admin + Clone + 'static,
+{
+    let before = snapshot_of(&admin.list(prefix).await?);
+    let read = move |p: String| {
+        let admin = admin.clone();
+        async move { admin.list(&p).await.map(|l| snapshot_of(&l)) }
+    };
+    let events = spawn_poll_watch(prefix.to_string(), before, every, read, None, None);
     Ok(Watching {
-        events: rx,
+        events,
         sees: format!(
-            "acquisitions and releases by listing every {} ms (a hold shorter than that can be \
-             missed; an expiry shows as a release)",
+            "acquisitions, releases and expiries by listing every {} ms (a hold shorter than \
+             that can be missed; a lock gone after its lease's end shows as an expiry)",
             every.as_millis()
         ),
         sees_acquisitions: true,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn seen(token: u64, holds: i64, live: bool, ends_in_ms: u64) -> Seen {
+        Seen {
+            token,
+            holds,
+            live,
+            ends: tokio::time::Instant::now() + Duration::from_millis(ends_in_ms),
+            owner: Some("o".into()),
+        }
+    }
+
+    #[test]
+    fn changes_between_two_reads() {
+        let none = std::collections::HashSet::new();
+        let m = |v: Vec<(&str, Seen)>| {
+            v.into_iter()
+                .map(|(k, s)| (k.to_string(), s))
+                .collect::<Snapshot>()
+        };
+        // Taken and given back between two reads: both, in order.
+        let ev = changes(&m(vec![]), &m(vec![("a", seen(7, 0, false, 0))]), &none);
+        assert_eq!(
+            ev,
+            [
+                LockEvent::Acquired {
+                    name: "a".into(),
+                    owner: Some("o".into()),
+                    token: Some(7)
+                },
+                LockEvent::Released { name: "a".into() }
+            ]
+        );
+        // A free row seen before and unchanged: nothing.
+        let b = m(vec![("a", seen(7, 0, false, 0))]);
+        assert!(changes(&b, &b, &none).is_empty());
+        // Held, then its lease ran out (count still 1).
+        let ev = changes(
+            &m(vec![("a", seen(7, 1, true, 0))]),
+            &m(vec![("a", seen(7, 1, false, 0))]),
+            &none,
+        );
+        assert_eq!(ev, [LockEvent::Expired { name: "a".into() }]);
+        // A hand-over well before the lease's end: a release, then the new grant.
+        let ev = changes(
+            &m(vec![("a", seen(7, 1, true, 10_000))]),
+            &m(vec![("a", seen(9, 1, true, 10_000))]),
+            &none,
+        );
+        assert!(matches!(ev[0], LockEvent::Released { .. }), "{ev:?}");
+        assert!(
+            matches!(ev[1], LockEvent::Acquired { token: Some(9), .. }),
+            "{ev:?}"
+        );
+        // A takeover after the lease ended, not announced: an expiry.
+        let ev = changes(
+            &m(vec![("a", seen(7, 1, true, 0))]),
+            &m(vec![("a", seen(9, 1, true, 10_000))]),
+            &none,
+        );
+        assert!(matches!(ev[0], LockEvent::Expired { .. }), "{ev:?}");
+        // Re-entry.
+        let ev = changes(
+            &m(vec![("a", seen(7, 1, true, 10_000))]),
+            &m(vec![("a", seen(7, 2, true, 10_000))]),
+            &none,
+        );
+        assert!(matches!(ev[0], LockEvent::Other { .. }), "{ev:?}");
+    }
+
+    /// A listing's snapshot: a lock gone with time left on its lease was released; one whose
+    /// lease had ended, expired; a new token on the same name is a hand-over.
+    #[tokio::test]
+    async fn listing_snapshots_tell_releases_from_expiries() {
+        let none = std::collections::HashSet::new();
+        let mut a = LockInfo::new("a");
+        a.holders = vec![Holder::new("o", 1)];
+        a.token = Some(7);
+        a.remaining = Some(Duration::from_secs(10));
+        let mut b = a.clone();
+        b.name = "b".into();
+        b.remaining = Some(Duration::ZERO);
+        let before = snapshot_of(&Listing::new(vec![a.clone(), b], 0));
+        let mut a2 = a.clone();
+        a2.token = Some(9);
+        let after = snapshot_of(&Listing::new(vec![a2], 0));
+        let ev = changes(&before, &after, &none);
+        assert_eq!(
+            ev,
+            [
+                LockEvent::Released { name: "a".into() },
+                LockEvent::Acquired {
+                    name: "a".into(),
+                    owner: Some("o".into()),
+                    token: Some(9)
+                },
+                LockEvent::Expired { name: "b".into() },
+            ]
+        );
+    }
 }

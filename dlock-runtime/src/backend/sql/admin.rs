@@ -37,14 +37,13 @@
 //! Every call is bounded by [`crate::admin::CALL_TIMEOUT`]; errors are typed (connection vs
 //! server) and never contain the URL's password.
 
-use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{DEFAULT_TABLE, check_table};
 use crate::admin::{
-    Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching, bounded,
-    same_hold, still_held,
+    Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Seen, Snapshot,
+    Watching, bounded, same_hold, spawn_poll_watch, still_held,
 };
 use crate::backend::BoxFuture;
 
@@ -262,17 +261,8 @@ impl TableRow {
     }
 }
 
-/// What a watch remembers of a row between two reads.
-#[derive(Debug, Clone)]
-struct Seen {
-    fence: u64,
-    count: i64,
-    live: bool,
-    /// When its lease would end, by this process's clock at the read plus the remaining time.
-    ends: tokio::time::Instant,
-}
-
-fn seen_of(rows: &[TableRow], prefix: &str) -> HashMap<String, (Seen, Option<String>)> {
+/// The rows under `prefix` as a watch snapshot (rows that are not dlock locks left out).
+fn seen_of(rows: &[TableRow], prefix: &str) -> Snapshot {
     let at = tokio::time::Instant::now();
     rows.iter()
         .filter_map(|r| {
@@ -282,86 +272,16 @@ fn seen_of(rows: &[TableRow], prefix: &str) -> HashMap<String, (Seen, Option<Str
             }
             Some((
                 name.to_string(),
-                (
-                    Seen {
-                        fence: r.fence?,
-                        count: r.count?,
-                        live: r.live,
-                        ends: at + Duration::from_micros(r.remaining_us.max(0) as u64),
-                    },
-                    r.owner.clone(),
-                ),
+                Seen {
+                    token: r.fence?,
+                    holds: r.count?,
+                    live: r.live,
+                    ends: at + Duration::from_micros(r.remaining_us.max(0) as u64),
+                    owner: r.owner.clone(),
+                },
             ))
         })
         .collect()
-}
-
-/// The events between two reads of the table. `notified`: names whose release was announced
-/// (PostgreSQL `NOTIFY`) since the last read.
-fn changes(
-    before: &HashMap<String, (Seen, Option<String>)>,
-    after: &HashMap<String, (Seen, Option<String>)>,
-    notified: &HashSet<String>,
-) -> Vec<LockEvent> {
-    let now = tokio::time::Instant::now();
-    let mut names: Vec<&String> = before.keys().chain(after.keys()).collect();
-    names.sort();
-    names.dedup();
-    let mut out = Vec::new();
-    // How a live hold that is gone now ended: announced, or before its lease was due to end,
-    // is a release (or a force-release); otherwise its lease ran out.
-    let ended = |name: &str, prev: &Seen| {
-        if notified.contains(name) || now < prev.ends {
-            LockEvent::Released { name: name.into() }
-        } else {
-            LockEvent::Expired { name: name.into() }
-        }
-    };
-    for name in names {
-        let prev = before.get(name).map(|(s, _)| s);
-        match (prev, after.get(name)) {
-            (Some(p), None) => {
-                if p.live {
-                    out.push(ended(name, p));
-                }
-            }
-            (None, None) => {}
-            (p, Some((n, owner))) => {
-                let new_grant = p.is_none_or(|p| p.fence != n.fence);
-                if new_grant {
-                    if let Some(p) = p.filter(|p| p.live) {
-                        out.push(ended(name, p));
-                    }
-                    out.push(LockEvent::Acquired {
-                        name: name.clone(),
-                        owner: owner.clone(),
-                        token: Some(n.fence),
-                    });
-                    if !n.live {
-                        out.push(if n.count == 0 {
-                            LockEvent::Released { name: name.clone() }
-                        } else {
-                            LockEvent::Expired { name: name.clone() }
-                        });
-                    }
-                } else if let Some(p) = p {
-                    if p.live && !n.live {
-                        out.push(if n.count == 0 {
-                            LockEvent::Released { name: name.clone() }
-                        } else {
-                            LockEvent::Expired { name: name.clone() }
-                        });
-                    } else if p.live && n.live && p.count != n.count {
-                        out.push(LockEvent::Other {
-                            name: name.clone(),
-                            what: format!("hold count {} -> {}", p.count, n.count),
-                        });
-                    }
-                }
-            }
-        }
-    }
-    out
 }
 
 /// A listing of the live dlock rows, and the number of rows that are not dlock locks.
@@ -376,64 +296,6 @@ fn listing(rows: &[TableRow], details: impl Fn() -> Vec<(String, String)>) -> Li
         }
     }
     Listing::new(locks, skipped)
-}
-
-/// A poll-driven watch task: reads `read` every [`WATCH_POLL`] (sooner when `wake` delivers
-/// announced release names) and sends the changes. Ends when the receiver is dropped, on a
-/// read error, or when `alive`'s task completes (a dropped listening connection: its error is
-/// the last item).
-fn spawn_poll_watch<R, F>(
-    prefix: String,
-    mut before: HashMap<String, (Seen, Option<String>)>,
-    read: R,
-    mut wake: Option<tokio::sync::mpsc::UnboundedReceiver<String>>,
-    mut alive: Option<(tokio::task::JoinHandle<()>, AdminError)>,
-) -> tokio::sync::mpsc::Receiver<Result<LockEvent, AdminError>>
-where
-    R: Fn(String) -> F + Send + 'static,
-    F: Future<Output = Result<Vec<TableRow>, AdminError>> + Send,
-{
-    let (tx, rx) = tokio::sync::mpsc::channel(1024);
-    tokio::spawn(async move {
-        loop {
-            let mut notified = HashSet::new();
-            tokio::select! {
-                _ = tx.closed() => return,
-                _ = async { match alive.as_mut() { Some((h, _)) => { let _ = h.await; } None => std::future::pending().await } } => {
-                    if let Some((_, lost)) = alive.take() {
-                        let _ = tx.send(Err(lost)).await;
-                    }
-                    return;
-                }
-                n = async { match wake.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
-                    if let Some(n) = n {
-                        notified.insert(n);
-                    }
-                }
-                _ = tokio::time::sleep(WATCH_POLL) => {}
-            }
-            if let Some(w) = wake.as_mut() {
-                while let Ok(n) = w.try_recv() {
-                    notified.insert(n);
-                }
-            }
-            let rows = match read(prefix.clone()).await {
-                Ok(r) => r,
-                Err(e) => {
-                    let _ = tx.send(Err(e)).await;
-                    return;
-                }
-            };
-            let after = seen_of(&rows, &prefix);
-            for ev in changes(&before, &after, &notified) {
-                if tx.send(Ok(ev)).await.is_err() {
-                    return;
-                }
-            }
-            before = after;
-        }
-    });
-    rx
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -840,11 +702,12 @@ mod pg {
             let read = move |p: String| {
                 let _listening = &client;
                 let me = me.clone();
-                async move { me.rows(&p).await }
+                async move { me.rows(&p).await.map(|r| seen_of(&r, &p)) }
             };
             let events = spawn_poll_watch(
                 prefix.to_string(),
                 before,
+                WATCH_POLL,
                 read,
                 Some(nrx),
                 Some((driver, lost)),
@@ -1358,9 +1221,9 @@ mod my {
             let me = self.clone();
             let read = move |p: String| {
                 let me = me.clone();
-                async move { me.rows(&p).await }
+                async move { me.rows(&p).await.map(|r| seen_of(&r, &p)) }
             };
-            let events = spawn_poll_watch(prefix.to_string(), before, read, None, None);
+            let events = spawn_poll_watch(prefix.to_string(), before, WATCH_POLL, read, None, None);
             Ok(Watching {
                 events,
                 sees: format!(
@@ -1450,75 +1313,5 @@ mod tests {
         );
         assert!(Scrub::of("postgres://u@h/db").0.is_empty());
         assert!(Scrub::of("postgres://h/db?x=a:b@c").0.is_empty());
-    }
-
-    fn seen(fence: u64, count: i64, live: bool, ends_in_ms: u64) -> (Seen, Option<String>) {
-        (
-            Seen {
-                fence,
-                count,
-                live,
-                ends: tokio::time::Instant::now() + Duration::from_millis(ends_in_ms),
-            },
-            Some("o".into()),
-        )
-    }
-
-    #[test]
-    fn changes_between_two_reads() {
-        let none = HashSet::new();
-        let m = |v: Vec<(&str, (Seen, Option<String>))>| {
-            v.into_iter()
-                .map(|(k, s)| (k.to_string(), s))
-                .collect::<HashMap<_, _>>()
-        };
-        // Taken and given back between two reads: both, in order.
-        let ev = changes(&m(vec![]), &m(vec![("a", seen(7, 0, false, 0))]), &none);
-        assert_eq!(
-            ev,
-            [
-                LockEvent::Acquired {
-                    name: "a".into(),
-                    owner: Some("o".into()),
-                    token: Some(7)
-                },
-                LockEvent::Released { name: "a".into() }
-            ]
-        );
-        // A free row seen before and unchanged: nothing.
-        let b = m(vec![("a", seen(7, 0, false, 0))]);
-        assert!(changes(&b, &b, &none).is_empty());
-        // Held, then its lease ran out (count still 1).
-        let ev = changes(
-            &m(vec![("a", seen(7, 1, true, 0))]),
-            &m(vec![("a", seen(7, 1, false, 0))]),
-            &none,
-        );
-        assert_eq!(ev, [LockEvent::Expired { name: "a".into() }]);
-        // A hand-over well before the lease's end: a release, then the new grant.
-        let ev = changes(
-            &m(vec![("a", seen(7, 1, true, 10_000))]),
-            &m(vec![("a", seen(9, 1, true, 10_000))]),
-            &none,
-        );
-        assert!(matches!(ev[0], LockEvent::Released { .. }), "{ev:?}");
-        assert!(
-            matches!(ev[1], LockEvent::Acquired { token: Some(9), .. }),
-            "{ev:?}"
-        );
-        // A takeover after the lease ended, not announced: an expiry.
-        let ev = changes(
-            &m(vec![("a", seen(7, 1, true, 0))]),
-            &m(vec![("a", seen(9, 1, true, 10_000))]),
-            &none,
-        );
-        assert!(matches!(ev[0], LockEvent::Expired { .. }), "{ev:?}");
-        // Re-entry.
-        let ev = changes(
-            &m(vec![("a", seen(7, 1, true, 10_000))]),
-            &m(vec![("a", seen(7, 2, true, 10_000))]),
-            &none,
-        );
-        assert!(matches!(ev[0], LockEvent::Other { .. }), "{ev:?}");
     }
 }
