@@ -589,8 +589,9 @@ where
 }
 
 /// A [`Watching`] built by listing the locks under `prefix` every `every` and reporting the
-/// differences ([`changes`]): a new holder is an [`LockEvent::Acquired`], a lock gone before
-/// its lease's end a [`LockEvent::Released`], after it an [`LockEvent::Expired`]. For engines,
+/// differences as the lock tables' watch does: a new holder is an [`LockEvent::Acquired`], a
+/// lock gone before its lease's end a [`LockEvent::Released`], after it an
+/// [`LockEvent::Expired`]. For engines,
 /// or server settings, without a change feed; a hold shorter than `every` can be missed. The
 /// first listing is taken before this returns, so every change after it is seen.
 pub async fn poll_watch<A>(admin: A, prefix: &str, every: Duration) -> Result<Watching, AdminError>
