@@ -477,22 +477,34 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
         }
     }
 
-    // Tokens: strictly increasing in grant order, and unique. A grant seen only after its own
-    // deadline has no place in that order (its confirmation time is the caller's resume).
+    // Tokens: unique, and increasing in grant order where that order is known: a grant whose
+    // request was sent after another grant was confirmed came after it on the server, so its
+    // token must be larger. Two requests in flight at once have no known order (a reply can be
+    // delayed past a later grant's, e.g. one granted just before a restart). A grant seen only
+    // after its own deadline has no place in the order (its confirmation is the caller's
+    // resume).
     let mut seen = HashSet::new();
-    let mut prev: Option<u64> = None;
     for h in holds.iter() {
         if !seen.insert(h.token) {
             r.token_duplicates += 1;
         }
         if h.stale_on_arrival() {
             r.stale_on_arrival += 1;
-            continue;
         }
-        if prev.is_some_and(|p| p >= h.token) {
+    }
+    let ordered: Vec<&Hold> = holds.iter().filter(|h| !h.stale_on_arrival()).collect();
+    let mut by_send = ordered.clone();
+    by_send.sort_by_key(|h| h.t_send);
+    // `ordered` is in confirmation order; walk it up to each request's send time.
+    let (mut i, mut max_before) = (0usize, None::<u64>);
+    for h in by_send {
+        while i < ordered.len() && ordered[i].t_ok < h.t_send {
+            max_before = max_before.max(Some(ordered[i].token));
+            i += 1;
+        }
+        if max_before.is_some_and(|m| m >= h.token) {
             r.token_order_violations += 1;
         }
-        prev = Some(h.token);
     }
 
     // Overlaps and the lease invariant: for each hold A, every later grant B before A's end.
