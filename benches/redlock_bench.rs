@@ -1,7 +1,9 @@
 //! Redlock(3) and Redlock(5) acquire + release latency against the slowest single node's pair
 //! (the same node's `RedisBackend` try_acquire + release: two EVALSHA round trips), measured in
 //! the same run, in interleaved rounds. Starts five private `redis-server`s on free loopback
-//! ports (no persistence; killed at exit, also via `PR_SET_PDEATHSIG`).
+//! ports (no persistence; killed at exit, also via `PR_SET_PDEATHSIG`). Also measures the
+//! fan-out floor in the same rounds: the same pairs sent to all 3 (or 5) nodes at once by plain
+//! `RedisBackend`s with no Redlock logic, which is what parallel round trips cost on this box.
 //!
 //! ```sh
 //! cargo bench --bench redlock_bench
@@ -105,6 +107,37 @@ async fn pairs(b: &dyn Backend, tag: &str, pairs: usize) -> Vec<Duration> {
     out
 }
 
+/// The fan-out floor: the same pairs sent to every node at once by plain `RedisBackend`s (all
+/// acquires in parallel, then all releases), without any Redlock logic.
+async fn parallel_pairs(nodes: &[RedisBackend], tag: &str, pairs: usize) -> Vec<Duration> {
+    let ttl = Duration::from_secs(30);
+    let mut out = Vec::with_capacity(pairs);
+    for i in 0..pairs {
+        let key = format!("bench:{tag}:{}", i % 64);
+        let t = Instant::now();
+        for r in futures_util::future::join_all(
+            nodes
+                .iter()
+                .map(|b| b.try_acquire(&key, "bench-owner", ttl)),
+        )
+        .await
+        {
+            assert!(matches!(r, Ok(dlock::Acquired::Granted { .. })), "{r:?}");
+        }
+        for r in futures_util::future::join_all(
+            nodes
+                .iter()
+                .map(|b| b.release(&key, "bench-owner", None, true)),
+        )
+        .await
+        {
+            r.expect("release");
+        }
+        out.push(t.elapsed());
+    }
+    out
+}
+
 fn pct(v: &mut [Duration], p: usize) -> Duration {
     v.sort();
     v[(v.len() * p / 100).min(v.len() - 1)]
@@ -149,6 +182,8 @@ fn main() {
         pairs(&rl3, "warm3", 50).await;
         pairs(&rl5, "warm5", 50).await;
         let (mut r3, mut r5) = (Vec::new(), Vec::new());
+        let (mut f3, mut f5) = (Vec::new(), Vec::new());
+        let (mut allf3, mut allf5) = (Vec::new(), Vec::new());
         let (mut all_single, mut all3, mut all5) = (Vec::new(), Vec::new(), Vec::new());
         for round in 0..rounds {
             // Per node p50 in this round; the slowest node is the baseline.
@@ -156,6 +191,7 @@ fn main() {
             let order = round % 3;
             let mut p3 = Vec::new();
             let mut p5 = Vec::new();
+            let (mut q3, mut q5) = (Vec::new(), Vec::new());
             for step in 0..3 {
                 match (step + order) % 3 {
                     0 => {
@@ -165,8 +201,14 @@ fn main() {
                             all_single.extend(v);
                         }
                     }
-                    1 => p3 = pairs(&rl3, "rl3", n_pairs).await,
-                    _ => p5 = pairs(&rl5, "rl5", n_pairs).await,
+                    1 => {
+                        p3 = pairs(&rl3, "rl3", n_pairs).await;
+                        q3 = parallel_pairs(&singles[..3], "par3", n_pairs).await;
+                    }
+                    _ => {
+                        p5 = pairs(&rl5, "rl5", n_pairs).await;
+                        q5 = parallel_pairs(&singles, "par5", n_pairs).await;
+                    }
                 }
             }
             let slow3 = node_p50[..3].iter().max().copied().unwrap();
@@ -175,6 +217,10 @@ fn main() {
             let m5 = pct(&mut p5, 50);
             r3.push(us(m3) / us(slow3));
             r5.push(us(m5) / us(slow5));
+            f3.push(us(m3) / us(pct(&mut q3, 50)));
+            f5.push(us(m5) / us(pct(&mut q5, 50)));
+            allf3.extend(q3);
+            allf5.extend(q5);
             all3.extend(p3);
             all5.extend(p5);
         }
@@ -197,6 +243,18 @@ fn main() {
             us(pct(&mut all5, 50)),
             us(pct(&mut all5, 99)),
             median(r5)
+        );
+        println!(
+            "floor(3) parallel p50 {:>8.1} us  p99 {:>8.1} us  Redlock(3) / floor(3) p50 (median of rounds) {:.2}x",
+            us(pct(&mut allf3, 50)),
+            us(pct(&mut allf3, 99)),
+            median(f3)
+        );
+        println!(
+            "floor(5) parallel p50 {:>8.1} us  p99 {:>8.1} us  Redlock(5) / floor(5) p50 (median of rounds) {:.2}x",
+            us(pct(&mut allf5, 50)),
+            us(pct(&mut allf5, 99)),
+            median(f5)
         );
         drop(servers);
     });

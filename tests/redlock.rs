@@ -299,6 +299,81 @@ async fn a_restarted_node_is_not_counted_until_the_restart_delay_passed() {
     assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
 }
 
+/// The restarted-node rule reads `INFO server` once per data connection, not per call: 200
+/// acquire + extend + release rounds on a named connection send `CLIENT GETNAME` behind each
+/// script and no `INFO`. A restart in between is still seen (the new connection has no name).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_id_is_read_once_per_connection_and_a_restart_is_still_seen() {
+    let mut servers = nodes(3).await;
+    let delay = Duration::from_secs(60);
+    let rl = RedlockBackend::builder(urls(&servers))
+        .restart_delay(delay)
+        .connect()
+        .await
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let round = |i: u32| {
+        let rl = &rl;
+        async move {
+            let name = format!("once-per-conn-{i}");
+            let r = rl.try_acquire(&name, "owner", ttl).await;
+            assert!(matches!(r, Ok(Acquired::Granted { .. })), "{r:?}");
+            assert!(matches!(
+                rl.extend(&name, "owner", ttl).await,
+                Ok(dlock::Extended::Extended)
+            ));
+            rl.release(&name, "owner", None, true).await.unwrap();
+        }
+    };
+    round(0).await;
+    let stats = |s: &RedisProc| {
+        let mut c = s.admin();
+        let text: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query(&mut c)
+            .unwrap();
+        let calls = |cmd: &str| -> u64 {
+            text.lines()
+                .find_map(|l| l.strip_prefix(&format!("cmdstat_{cmd}:calls=")))
+                .and_then(|rest| rest.split(',').next())
+                .map_or(0, |n| n.parse().unwrap())
+        };
+        (calls("info"), calls("client|getname"))
+    };
+    let before: Vec<(u64, u64)> = servers.iter().map(stats).collect();
+    for i in 1..=200 {
+        round(i).await;
+    }
+    for (s, (info0, getname0)) in servers.iter().zip(before) {
+        let (info1, getname1) = stats(s);
+        // This test's own INFO commandstats is the one INFO call in between.
+        assert_eq!(info1 - info0, 1, "INFO sent during the rounds");
+        assert!(
+            getname1 - getname0 >= 400,
+            "CLIENT GETNAME sent {} times for 200 acquires and 200 extends",
+            getname1 - getname0
+        );
+    }
+    // A restart behind the connection manager's back: its next connection has no name, so the
+    // run_id is read again and the node is left out for the restart delay.
+    tokio::task::block_in_place(|| servers[1].restart());
+    tokio::task::block_in_place(|| servers[2].restart());
+    let mut refused = 0;
+    for i in 0..5 {
+        let name = format!("after-restart-{i}");
+        if !matches!(
+            rl.try_acquire(&name, "owner", ttl).await,
+            Ok(Acquired::Granted { .. })
+        ) {
+            refused += 1;
+        }
+    }
+    assert_eq!(
+        refused, 5,
+        "two restarted nodes of three were counted toward a quorum"
+    );
+}
+
 /// After a node restart, the holder's next renewal puts its hold back on that node.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_renewal_puts_the_hold_back_on_a_restarted_node() {

@@ -968,19 +968,34 @@ impl Backend for RedisBackend {
 // ---------------------------------------------------------------------------------------------
 
 impl RedisBackend {
-    /// The server's `run_id` (`INFO server`): it changes when the server restarts, which is how
-    /// the Redlock backend notices a node that may have forgotten its holds.
-    pub(crate) async fn server_run_id(&self) -> Result<String, LockError> {
+    /// The name of this runtime's data connection (`CLIENT GETNAME`): `None` on a connection
+    /// nobody named, such as one the connection manager opened after the last was lost.
+    pub(crate) async fn data_conn_name(&self) -> Result<Option<String>, LockError> {
         let (mut con, _) = self.conn("")?;
-        let info: String = redis::cmd("INFO")
+        redis::cmd("CLIENT")
+            .arg("GETNAME")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| map_err("", e))
+    }
+
+    /// Names this runtime's data connection `name` and reads the server's `run_id` on that same
+    /// connection (one pipeline is written to one connection): a later `CLIENT GETNAME` that
+    /// answers `name` was served by the process that gave this `run_id`, since a connection
+    /// does not outlive its server process.
+    pub(crate) async fn name_data_conn(&self, name: &str) -> Result<String, LockError> {
+        let (mut con, _) = self.conn("")?;
+        let (info,): (String,) = redis::pipe()
+            .cmd("CLIENT")
+            .arg("SETNAME")
+            .arg(name)
+            .ignore()
+            .cmd("INFO")
             .arg("server")
             .query_async(&mut con)
             .await
             .map_err(|e| map_err("", e))?;
-        info.lines()
-            .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_string())
-            .ok_or_else(|| LockError::backend("", "INFO server has no run_id"))
+        run_id_of(&info)
     }
 
     /// `WAIT replicas timeout` on this runtime's data connection, the one the scripts ran on, so
@@ -1002,6 +1017,14 @@ impl RedisBackend {
             .map_err(|e| map_err(key, e))?;
         Ok(n.max(0) as usize)
     }
+}
+
+/// The `run_id` line of an `INFO server` reply.
+fn run_id_of(info: &str) -> Result<String, LockError> {
+    info.lines()
+        .find_map(|l| l.strip_prefix("run_id:"))
+        .map(|id| id.trim().to_string())
+        .ok_or_else(|| LockError::backend("", "INFO server has no run_id"))
 }
 
 #[cfg(test)]

@@ -10,9 +10,16 @@
 //!   that validity ([`Backend::lease_margin`] returns the drift).
 //! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
 //!   including those that did not answer in time (after their acquire finished).
-//! * **Restarted nodes.** Every acquire and renewal also reads the node's `run_id`; a node whose
-//!   `run_id` changed (or that this backend first reaches after start-up) is not counted toward a
-//!   quorum until the longest ttl in use has passed since it came back.
+//! * **Restarted nodes.** A node whose `run_id` changed (or that this backend first reaches
+//!   after start-up) is not counted toward a quorum until the longest ttl in use has passed
+//!   since it came back. The `run_id` is read (`INFO server`) once per data connection, which
+//!   is then named (`CLIENT SETNAME`) in the same pipeline; every acquire and renewal sends
+//!   `CLIENT GETNAME` behind its script on the same connection. A connection does not outlive
+//!   its server process, so an answer with a name this backend gave names the process whose
+//!   `run_id` was read with it; any other answer (a connection opened after a reconnect has no
+//!   name) reads the `run_id` again, after the script, so it names the process the script ran
+//!   on or a later one. This costs a cheap `CLIENT GETNAME` per call instead of an
+//!   `INFO server`.
 //! * **Fencing token.** The largest token among the counted grants. Any two quorums share a node,
 //!   and that node's token grew between them, so a later grant's token is larger than an earlier
 //!   one's as long as that shared node kept its fence key (see the README for what this does not
@@ -141,9 +148,13 @@ impl RedlockBuilder {
         let b = self.build()?;
         let t = b.inner.node_timeout.max(Duration::from_secs(2));
         let futs = b.inner.nodes.iter().map(|n| async move {
-            match tokio::time::timeout(t, n.backend.server_run_id()).await {
+            let conn_name = new_conn_name();
+            match tokio::time::timeout(t, n.backend.name_data_conn(&conn_name)).await {
                 Ok(Ok(id)) => {
-                    n.lock_state().run_id = Some(id);
+                    let mut st = n.lock_state();
+                    st.conn_names.insert(conn_name, id.clone());
+                    st.run_id = Some(id);
+                    drop(st);
                     let _ = tokio::time::timeout(t, n.backend.load_scripts()).await;
                     Ok(())
                 }
@@ -213,6 +224,37 @@ struct NodeState {
     run_id: Option<String>,
     /// Not counted toward quorums before this instant (came back from a restart).
     excluded_until: Option<Instant>,
+    /// Names given to data connections (`CLIENT SETNAME`), each with the `run_id` read on that
+    /// connection in the same pipeline.
+    conn_names: HashMap<String, String>,
+}
+
+/// Connection names kept per node; beyond this (many runtimes, many reconnects) the oldest
+/// are forgotten, and a connection with a forgotten name is simply named again.
+const MAX_CONN_NAMES: usize = 64;
+
+/// A name for a new data connection to a node, unique in this process.
+fn new_conn_name() -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "dlock-redlock-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+impl NodeState {
+    /// True when the node is out of its restart exclusion at `now`.
+    fn counts_now(&mut self, now: Instant) -> bool {
+        match self.excluded_until {
+            Some(t) if now < t => false,
+            Some(_) => {
+                self.excluded_until = None;
+                true
+            }
+            None => true,
+        }
+    }
 }
 
 impl Node {
@@ -346,6 +388,44 @@ impl Inner {
             .unwrap_or_else(|| Duration::from_millis(self.max_ttl_ms.load(Ordering::Relaxed)))
     }
 
+    /// Whether a reply from node `i` that came back with `CLIENT GETNAME` answering
+    /// `conn_name` counts toward a quorum: `None` when that name is not one this backend gave
+    /// or its `run_id` is not the node's current one (the `run_id` must be read again), else
+    /// whether the node is out of its restart exclusion.
+    fn counts_by_conn_name(&self, i: usize, conn_name: Option<&str>) -> Option<bool> {
+        let mut st = self.nodes[i].lock_state();
+        let id = st.conn_names.get(conn_name?)?;
+        if st.run_id.as_deref() != Some(id.as_str()) {
+            // The node's run_id changed since this connection was named (a late reply from a
+            // process it was restarted from, or the reverse): read it again.
+            return None;
+        }
+        Some(st.counts_now(Instant::now()))
+    }
+
+    /// Whether node `i`'s reply counts toward a quorum, given the answer of the
+    /// `CLIENT GETNAME` sent behind it: reads the `run_id` again (naming the connection) when
+    /// the connection is not one this backend named.
+    async fn counts(&self, i: usize, backend: &RedisBackend, conn_name: Option<String>) -> bool {
+        if let Some(counted) = self.counts_by_conn_name(i, conn_name.as_deref()) {
+            return counted;
+        }
+        let name = new_conn_name();
+        match backend.name_data_conn(&name).await {
+            Ok(id) => {
+                {
+                    let mut st = self.nodes[i].lock_state();
+                    if st.conn_names.len() >= MAX_CONN_NAMES {
+                        st.conn_names.clear();
+                    }
+                    st.conn_names.insert(name, id.clone());
+                }
+                self.note_run_id(i, id)
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Records node `i`'s `run_id`; true when its votes count toward a quorum now.
     fn note_run_id(&self, i: usize, id: String) -> bool {
         let node = &self.nodes[i];
@@ -362,14 +442,7 @@ impl Inner {
             st.excluded_until = Some(now + delay);
             return delay.is_zero();
         }
-        match st.excluded_until {
-            Some(t) if now < t => false,
-            Some(_) => {
-                st.excluded_until = None;
-                true
-            }
-            None => true,
-        }
+        st.counts_now(now)
     }
 
     fn is_dirty(&self, i: usize, name: &str, owner: &str) -> bool {
@@ -417,8 +490,9 @@ impl Inner {
         .await;
     }
 
-    /// Runs `op` on every node in a task of its own, also reading the node's `run_id`, and
-    /// returns the receiver of the replies and the tasks.
+    /// Runs `op` on every node in a task of its own, also checking which server process
+    /// answered (see the module documentation), and returns the receiver of the replies and
+    /// the tasks.
     fn fan_out<T, F>(
         self: &Arc<Self>,
         name: &str,
@@ -454,16 +528,20 @@ impl Inner {
             let tracked = track.then(|| self.track(i, name, owner));
             tasks.push(Some(tokio::spawn(async move {
                 let _tracked = tracked;
-                // The script is polled first, so it is queued on the connection before INFO: a
-                // run_id read after it names the instance it ran on, or a later one.
-                let (r, id) = tokio::join!(fut, backend.server_run_id());
-                let r = r.map(|v| {
-                    let counted = match id {
-                        Ok(id) => me.note_run_id(i, id),
-                        Err(_) => false,
-                    };
-                    (v, counted)
-                });
+                // The script is polled first, so it is queued on the connection before
+                // CLIENT GETNAME: a connection name read after it names the connection it ran
+                // on, or a later one.
+                let (r, conn_name) = tokio::join!(fut, backend.data_conn_name());
+                let r = match r {
+                    Ok(v) => {
+                        let counted = match conn_name {
+                            Ok(conn_name) => me.counts(i, &backend, conn_name).await,
+                            Err(_) => false,
+                        };
+                        Ok((v, counted))
+                    }
+                    Err(e) => Err(e),
+                };
                 let _ = tx.send((i, r));
             })));
         }
