@@ -11,9 +11,11 @@
 //! * S2 hand-off: 16 workers, each with a backend of its own (as 16 processes would have), on
 //!   one name; each acquires (wait 30 s), holds ~1 ms, releases. Hand-off = next grant − previous
 //!   release. p50/p99 for PostgreSQL (LISTEN/NOTIFY) and MySQL (polling 100–250 ms).
-//!   PostgreSQL runs four builder variants: the default, `synchronous_commit(false)`,
-//!   `prepared_statements(true)` and both (`DLOCK_BENCH_PG_VARIANTS=postgres,pg-prep` narrows
-//!   them), and one durable single-row commit as the hand-off's floor.
+//!   PostgreSQL runs six builder variants: the default, `synchronous_commit(false)`,
+//!   `prepared_statements(true)` with and without it, and `server_functions(true)` with and
+//!   without it (`DLOCK_BENCH_PG_VARIANTS=postgres,pg-prep,pg-fn` narrows them), and one durable
+//!   single-row commit as the hand-off's floor. `DLOCK_PG_URL` may name a private server (for
+//!   example one whose data directory is on tmpfs, to see the hand-off without the disk).
 //!
 //! `DLOCK_BENCH_ROUNDS` (default 5) rounds of `DLOCK_BENCH_PAIRS` (default 500) pairs for S1.
 
@@ -269,13 +271,16 @@ async fn postgres() -> Option<(f64, Duration, Duration)> {
     // S2 per builder variant, in this order: the default; `synchronous_commit(false)` (grants
     // and renewals do not wait for the disk either: an opt-in with a documented cost); and the
     // same two with `prepared_statements(true)` (statements planned once per connection: an
-    // opt-in, not behind a transaction-mode pooler).
+    // opt-in, not behind a transaction-mode pooler) and with `server_functions(true)` (planned
+    // once per server session inside PL/pgSQL functions: an opt-in that works behind poolers).
     let mut first = None;
-    for (label, sync, prepared) in [
-        ("postgres", true, false),
-        ("pg-nosync", false, false),
-        ("pg-prep", true, true),
-        ("pg-prep-nosync", false, true),
+    for (label, sync, prepared, functions) in [
+        ("postgres", true, false, false),
+        ("pg-nosync", false, false, false),
+        ("pg-prep", true, true, false),
+        ("pg-prep-nosync", false, true, false),
+        ("pg-fn", true, false, true),
+        ("pg-fn-nosync", false, false, true),
     ] {
         if !variant_wanted(label) {
             continue;
@@ -288,6 +293,7 @@ async fn postgres() -> Option<(f64, Duration, Duration)> {
                     .pool_size(2)
                     .synchronous_commit(sync)
                     .prepared_statements(prepared)
+                    .server_functions(functions)
                     .connect()
                     .await
                     .unwrap(),
@@ -302,7 +308,8 @@ async fn postgres() -> Option<(f64, Duration, Duration)> {
     let c = pool.get().await.unwrap();
     let _ = c
         .batch_execute(&format!(
-            "DROP TABLE IF EXISTS {t}; DROP SEQUENCE IF EXISTS {t}_fence; DROP TABLE IF EXISTS {t}_floor;"
+            "DROP TABLE IF EXISTS {t}; DROP SEQUENCE IF EXISTS {t}_fence; DROP TABLE IF EXISTS {t}_floor; \
+             DROP FUNCTION IF EXISTS {t}_acquire_v1, {t}_acquire_nf_v1, {t}_release_v1, {t}_extend_v1, {t}_extend_nf_v1;"
         ))
         .await;
     Some((l / f, p50, p99))

@@ -515,34 +515,27 @@ mod on_postgres {
         after.release().await.unwrap();
     }
 
-    /// The same with `prepared_statements(true)` (statements planned once per connection):
-    /// exclusion, exact counts and no error reaching a caller hold on the prepared path too.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn thirty_two_contenders_with_prepared_statements() {
+    /// 32 contenders on two backends built by `configure`, then tokens increasing across
+    /// releases on a third: exclusion, exact counts and no error reaching a caller.
+    async fn thirty_two_contenders_planned_once(
+        label: &str,
+        configure: fn(dlock::PostgresBackendBuilder) -> dlock::PostgresBackendBuilder,
+    ) {
         let env = Env::postgres().await;
-        let mut clients = Vec::new();
-        for _ in 0..2 {
-            let b = dlock::PostgresBackend::builder(&env.db().url)
-                .table(&env.db().table)
-                .prepared_statements(true)
-                .connect()
-                .await
-                .unwrap();
-            clients.push(Arc::new(b) as Arc<dyn Backend>);
-        }
-        let clients: [Arc<dyn Backend>; 2] = clients.try_into().ok().unwrap();
-        super::thirty_two_contenders_on("postgres, prepared statements", clients).await;
-        // Tokens still increase across a release on the prepared path.
-        let b = dlock::PostgresBackend::builder(&env.db().url)
-            .table(&env.db().table)
-            .prepared_statements(true)
-            .connect()
-            .await
-            .unwrap();
-        let b: Arc<dyn Backend> = Arc::new(b);
+        let connect = || async {
+            let b =
+                configure(dlock::PostgresBackend::builder(&env.db().url).table(&env.db().table))
+                    .connect()
+                    .await
+                    .unwrap();
+            Arc::new(b) as Arc<dyn Backend>
+        };
+        let clients = [connect().await, connect().await];
+        super::thirty_two_contenders_on(label, clients).await;
+        let b = connect().await;
         let mut last = 0;
         for _ in 0..10 {
-            let g = Lock::new("prep-tokens")
+            let g = Lock::new("planned-once-tokens")
                 .with_backend(b.clone())
                 .acquire()
                 .await
@@ -555,6 +548,88 @@ mod on_postgres {
             last = g.fencing_token();
             g.release().await.unwrap();
         }
+    }
+
+    /// `prepared_statements(true)`: statements planned once per connection.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_contenders_with_prepared_statements() {
+        thirty_two_contenders_planned_once("postgres, prepared statements", |b| {
+            b.prepared_statements(true)
+        })
+        .await
+    }
+
+    /// `server_functions(true)`: the statements run inside PL/pgSQL functions (planned once per
+    /// server session), durable and with `synchronous_commit(false)` (the `_nf` functions).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn thirty_two_contenders_with_server_functions() {
+        thirty_two_contenders_planned_once("postgres, server functions", |b| {
+            b.server_functions(true)
+        })
+        .await;
+        thirty_two_contenders_planned_once("postgres, server functions, no flush wait", |b| {
+            b.server_functions(true).synchronous_commit(false)
+        })
+        .await
+    }
+
+    /// `server_functions` creates its functions at connect (they then exist under the
+    /// documented names), works with `create_schema(false)` once they exist, and without them
+    /// and without `create_schema` fails at connect with a `Config` error naming the fix.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn server_functions_are_created_at_connect_or_required() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let exists = |f: &'static str| {
+            let (admin, table) = (&admin, table.clone());
+            async move {
+                let r: bool = admin
+                    .query_one(
+                        &format!("SELECT to_regproc('{table}_{f}_v1') IS NOT NULL"),
+                        &[],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                r
+            }
+        };
+        let builder = || dlock::PostgresBackend::builder(&url).table(&table);
+        // The table exists (Env created it); the functions do not yet.
+        assert!(!exists("acquire").await);
+        let e = builder()
+            .server_functions(true)
+            .create_schema(false)
+            .connect()
+            .await
+            .expect_err("connected without the functions");
+        assert!(
+            matches!(&e, LockError::Config(m) if m.contains("postgres_functions_sql")),
+            "{e:?}"
+        );
+        let b = builder().server_functions(true).connect().await.unwrap();
+        for f in ["acquire", "acquire_nf", "release", "extend", "extend_nf"] {
+            assert!(exists(f).await, "{table}_{f}_v1 missing");
+        }
+        drop(b);
+        let b: Arc<dyn Backend> = Arc::new(
+            builder()
+                .server_functions(true)
+                .create_schema(false)
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let g = Lock::new("fn-reentry")
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap();
+        assert!(g.extend(Duration::from_secs(20)).await.is_ok());
+        assert!(env.is_locked("fn-reentry").await);
+        g.release().await.unwrap();
+        assert!(!env.is_locked("fn-reentry").await);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -875,28 +950,32 @@ mod on_postgres {
             matches!(&e, LockError::Config(m) if m.contains("transaction-mode pooler")),
             "{e:?}"
         );
-        // The lock-table mode is fine behind it (no session state, no named statements).
-        let table: Arc<dyn Backend> = Arc::new(
-            dlock::PostgresBackend::builder(&tx.url(&db))
-                .table(&env.db().table)
-                .connect()
-                .await
-                .expect("lock-table mode through the pooler"),
-        );
+        // The lock-table mode is fine behind it (no session state, no named statements), with
+        // the statements sent whole or as calls of the server functions.
         let direct = env.backend();
-        for _ in 0..3 {
-            let g = Lock::new("pooled")
-                .with_backend(table.clone())
-                .acquire()
-                .await
-                .expect("acquire through the pooler");
-            let e = Lock::new("pooled")
-                .with_backend(direct.clone())
-                .acquire()
-                .await
-                .unwrap_err();
-            assert!(e.is_contended(), "{e:?}");
-            g.release().await.expect("release through the pooler");
+        for functions in [false, true] {
+            let table: Arc<dyn Backend> = Arc::new(
+                dlock::PostgresBackend::builder(&tx.url(&db))
+                    .table(&env.db().table)
+                    .server_functions(functions)
+                    .connect()
+                    .await
+                    .expect("lock-table mode through the pooler"),
+            );
+            for _ in 0..3 {
+                let g = Lock::new("pooled")
+                    .with_backend(table.clone())
+                    .acquire()
+                    .await
+                    .expect("acquire through the pooler");
+                let e = Lock::new("pooled")
+                    .with_backend(direct.clone())
+                    .acquire()
+                    .await
+                    .unwrap_err();
+                assert!(e.is_contended(), "{e:?}");
+                g.release().await.expect("release through the pooler");
+            }
         }
         // Session mode keeps one server session per client: advisory mode is accepted.
         let sess = tokio::task::spawn_blocking(move || PgBouncer::start(port, "session"))

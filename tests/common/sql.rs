@@ -197,7 +197,9 @@ mod pg {
                     let _ = tokio::time::timeout(
                         Duration::from_secs(5),
                         c.batch_execute(&format!(
-                            "DROP TABLE IF EXISTS {table}; DROP SEQUENCE IF EXISTS {table}_fence;"
+                            "DROP TABLE IF EXISTS {table}; DROP SEQUENCE IF EXISTS {table}_fence; \
+                             DROP FUNCTION IF EXISTS {table}_acquire_v1, {table}_acquire_nf_v1, \
+                             {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1;"
                         )),
                     )
                     .await;

@@ -115,6 +115,18 @@ struct Sql {
     sweep: String,
     schema: String,
     channel: String,
+    /// The `server_functions` form: the function DDL, the query that tells whether they
+    /// exist, and the calls that replace `acquire`, `release` and `extend`.
+    functions: Functions,
+}
+
+#[derive(Debug)]
+struct Functions {
+    ddl: String,
+    exist: String,
+    acquire: String,
+    release: String,
+    extend: String,
 }
 
 /// The `NOTIFY` channel of the lock table `table`: `dlock_<table>` (a `.` becomes `_`),
@@ -127,17 +139,16 @@ pub(crate) fn channel_of(table: &str) -> String {
 /// transaction only, its commit does not wait for the WAL flush.
 const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
 
-impl Sql {
-    /// `durable`: grants and renewals wait for their commit's WAL flush (the default).
-    fn new(table: &str, durable: bool) -> Result<Sql, LockError> {
+/// The acquire and extend statements of `table`; `durable`: their commits wait for the WAL
+/// flush (the default).
+fn grant_statements(table: &str, durable: bool) -> (String, String) {
+    {
         // Added to the `c` CTE of a statement whose commit need not wait for the disk.
         let grant_sc = if durable {
             String::new()
         } else {
             format!(", {NO_FLUSH_WAIT} AS sc")
         };
-        let schema = postgres_schema_sql(table)?;
-        let channel = channel_of(table);
         // A busy answer commits without waiting for the disk (the set_config in its branch):
         // it changed nothing, but a contender whose snapshot saw the row free and that reached
         // it just after another's grant committed has locked the row's new version for its
@@ -181,6 +192,18 @@ impl Sql {
                FROM {table} l, c \
                WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
         );
+        let extend = format!(
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
+             UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
+             WHERE l.name = $1 AND l.owner = $2 AND l.expires_at > c.now RETURNING 1"
+        );
+        (acquire, extend)
+    }
+}
+
+/// The release statement of `table`, notifying on `channel`.
+fn release_statement(table: &str, channel: &str) -> String {
+    {
         // Freed rows are kept (count 0, expires_at = release time) rather than deleted: a
         // takeover then mints its token with nextval() under the row lock, so tokens follow the
         // grant order even when a statement that took its number earlier is overtaken.
@@ -206,11 +229,102 @@ impl Sql {
                                     THEN pg_notify('{channel}', encode($1, 'hex'))::text END \
              FROM upd"
         );
-        let extend = format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
-             UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
-             WHERE l.name = $1 AND l.owner = $2 AND l.expires_at > c.now RETURNING 1"
-        );
+        release
+    }
+}
+
+/// Version of the server functions' bodies, part of their names: a release that changes a body
+/// changes the names, so processes of two versions never replace each other's functions.
+const FUNCTIONS_VERSION: u32 = 1;
+
+/// The DDL of the PL/pgSQL functions `server_functions` calls (see
+/// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
+/// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
+/// and `<table>_extend_nf_v1`, each wrapping the statement the backend otherwise sends. Teams
+/// that manage migrations apply it after [`postgres_schema_sql`]; idempotent (`CREATE OR
+/// REPLACE`).
+pub fn postgres_functions_sql(table: &str) -> Result<String, LockError> {
+    check_table(table)?;
+    Ok(functions(table).ddl)
+}
+
+fn functions(table: &str) -> Functions {
+    let channel = channel_of(table);
+    let v = FUNCTIONS_VERSION;
+    let (acquire_d, extend_d) = grant_statements(table, true);
+    let (acquire_nf, extend_nf) = grant_statements(table, false);
+    let release = release_statement(table, &channel);
+    // Result columns are named r_*, unlike any table column, so no name in the bodies is
+    // ambiguous between a column and an output parameter.
+    let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
+    let f = |name: &str, args: &str, ret: &str, body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION {table}_{name}_v{v}({args}) RETURNS TABLE ({ret}) \
+             LANGUAGE plpgsql AS $dlock$ BEGIN RETURN QUERY {body}; END $dlock$;\n"
+        )
+    };
+    let ddl = [
+        f("acquire", "bytea, text, bigint", acquire_ret, &acquire_d),
+        f(
+            "acquire_nf",
+            "bytea, text, bigint",
+            acquire_ret,
+            &acquire_nf,
+        ),
+        f(
+            "release",
+            "bytea, text, boolean, bigint",
+            "r_remaining integer, r_notified text",
+            &release,
+        ),
+        f("extend", "bytea, text, bigint", "r_one integer", &extend_d),
+        f(
+            "extend_nf",
+            "bytea, text, bigint",
+            "r_one integer",
+            &extend_nf,
+        ),
+    ]
+    .concat();
+    let names = ["acquire", "acquire_nf", "release", "extend", "extend_nf"];
+    let args = [
+        "bytea,text,bigint",
+        "bytea,text,bigint",
+        "bytea,text,boolean,bigint",
+        "bytea,text,bigint",
+        "bytea,text,bigint",
+    ];
+    let exist = format!(
+        "SELECT {}",
+        names
+            .iter()
+            .zip(args)
+            .map(|(n, a)| format!("to_regprocedure('{table}_{n}_v{v}({a})') IS NOT NULL"))
+            .collect::<Vec<_>>()
+            .join(" AND ")
+    );
+    Functions {
+        ddl,
+        exist,
+        acquire: format!("SELECT * FROM {table}_acquire_v{v}($1, $2, $3)"),
+        release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
+        extend: format!("SELECT * FROM {table}_extend_v{v}($1, $2, $3)"),
+    }
+}
+
+impl Sql {
+    /// `durable`: grants and renewals wait for their commit's WAL flush (the default).
+    fn new(table: &str, durable: bool) -> Result<Sql, LockError> {
+        let schema = postgres_schema_sql(table)?;
+        let channel = channel_of(table);
+        let (acquire, extend) = grant_statements(table, durable);
+        let release = release_statement(table, &channel);
+        let mut functions = functions(table);
+        if !durable {
+            let v = FUNCTIONS_VERSION;
+            functions.acquire = format!("SELECT * FROM {table}_acquire_nf_v{v}($1, $2, $3)");
+            functions.extend = format!("SELECT * FROM {table}_extend_nf_v{v}($1, $2, $3)");
+        }
         // Rows idle this long can be deleted: a statement that took a sequence number before the
         // deletion is long dead (statement_timeout), so tokens still follow the grant order.
         let sweep = format!(
@@ -223,6 +337,7 @@ impl Sql {
             sweep,
             schema,
             channel,
+            functions,
         })
     }
 }
@@ -243,6 +358,7 @@ pub struct PostgresBackendBuilder {
     advisory: bool,
     synchronous_commit: bool,
     prepared_statements: bool,
+    server_functions: bool,
     tls_roots: Vec<Vec<u8>>,
 }
 
@@ -260,6 +376,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("advisory", &self.advisory)
             .field("synchronous_commit", &self.synchronous_commit)
             .field("prepared_statements", &self.prepared_statements)
+            .field("server_functions", &self.server_functions)
             .finish_non_exhaustive()
     }
 }
@@ -279,6 +396,7 @@ impl PostgresBackendBuilder {
             advisory: false,
             synchronous_commit: true,
             prepared_statements: false,
+            server_functions: false,
             tls_roots: Vec::new(),
         }
     }
@@ -320,6 +438,20 @@ impl PostgresBackendBuilder {
     /// same name; the default (unnamed statements) works behind any pooler.
     pub fn prepared_statements(mut self, on: bool) -> Self {
         self.prepared_statements = on;
+        self
+    }
+
+    /// Whether the acquire, release and extend statements run inside PL/pgSQL functions of the
+    /// table's schema ([`postgres_functions_sql`]) instead of being sent whole (default false).
+    /// PL/pgSQL plans a function's statements once per server session and keeps the plans, so
+    /// the planning that [`PostgresBackendBuilder::prepared_statements`] saves is saved here
+    /// too, and this works **behind any pooler**: a call is an unnamed `SELECT * FROM
+    /// <table>_acquire_v1($1, $2, $3)`, valid in whatever server session runs it. The
+    /// functions are created at connect when missing (with the table, unless
+    /// `create_schema(false)`, in which case they must exist: apply
+    /// [`postgres_functions_sql`]). The statements and their guarantees are the same.
+    pub fn server_functions(mut self, on: bool) -> Self {
+        self.server_functions = on;
         self
     }
 
@@ -569,12 +701,16 @@ impl PostgresBackendBuilder {
                 cancel,
                 releases: std::sync::atomic::AtomicU64::new(0),
                 prepared: self.prepared_statements,
+                functions: self.server_functions && !self.advisory,
             }),
         };
         if self.create_schema {
             backend.create_schema().await?;
         } else {
             backend.ping().await?;
+        }
+        if backend.inner.functions {
+            backend.ensure_functions(self.create_schema).await?;
         }
         Ok(backend)
     }
@@ -625,6 +761,8 @@ struct Inner {
     releases: std::sync::atomic::AtomicU64,
     /// Named statements prepared once per connection (see `prepared_statements`).
     prepared: bool,
+    /// Calls of the server functions instead of the statements (see `server_functions`).
+    functions: bool,
 }
 
 impl Drop for Inner {
@@ -732,6 +870,50 @@ impl PostgresBackend {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Err(last.unwrap_or_else(|| LockError::Config("schema creation failed".into())))
+    }
+
+    /// `server_functions`: creates the functions when missing (`create`), or checks that they
+    /// exist. Checked first, so processes that start together rarely replace the functions at
+    /// the same moment; a collision of two creations is retried.
+    async fn ensure_functions(&self, create: bool) -> Result<(), LockError> {
+        let f = &self.inner.sql.functions;
+        let pool = &self.inner.pool;
+        let mut last = None;
+        for attempt in 0..5u64 {
+            let r = bounded("", "the server functions", self.inner.op_timeout, async {
+                let c = pool.get().await?;
+                let rows = c.simple_query(&f.exist).await?;
+                let exist = rows.iter().any(|m| {
+                    matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
+                });
+                if !exist && create {
+                    c.batch_execute(&f.ddl).await?;
+                }
+                Ok::<_, DynError>(exist || create)
+            })
+            .await;
+            match r {
+                Ok(true) => return Ok(()),
+                Ok(false) => {
+                    return Err(LockError::Config(format!(
+                        "PostgreSQL server_functions: the functions of table {} are missing and create_schema is off; apply dlock::postgres_functions_sql({:?})",
+                        self.inner.table, self.inner.table
+                    )));
+                }
+                Err(e) => last = Some(e),
+            }
+            tokio::time::sleep(Duration::from_millis(20 + 30 * attempt)).await;
+        }
+        Err(last.unwrap_or_else(|| LockError::Config("server function creation failed".into())))
+    }
+
+    /// The acquire, release or extend SQL to send: the statement, or its function's call.
+    fn sql_for(&self, which: fn(&Sql) -> &String, call: fn(&Functions) -> &String) -> &str {
+        if self.inner.functions {
+            call(&self.inner.sql.functions)
+        } else {
+            which(&self.inner.sql)
+        }
     }
 
     async fn query(
@@ -951,7 +1133,7 @@ impl Backend for PostgresBackend {
                 .query(
                     name,
                     "the acquire statement",
-                    &self.inner.sql.acquire,
+                    self.sql_for(|s| &s.acquire, |f| &f.acquire),
                     &[
                         (&name.as_bytes(), Type::BYTEA),
                         (&owner, Type::TEXT),
@@ -994,7 +1176,7 @@ impl Backend for PostgresBackend {
                 .query(
                     name,
                     "the release statement",
-                    &self.inner.sql.release,
+                    self.sql_for(|s| &s.release, |f| &f.release),
                     &[
                         (&name.as_bytes(), Type::BYTEA),
                         (&owner, Type::TEXT),
@@ -1033,7 +1215,7 @@ impl Backend for PostgresBackend {
                 .query(
                     name,
                     "the extend statement",
-                    &self.inner.sql.extend,
+                    self.sql_for(|s| &s.extend, |f| &f.extend),
                     &[
                         (&name.as_bytes(), Type::BYTEA),
                         (&owner, Type::TEXT),
