@@ -573,13 +573,15 @@ mod on_postgres {
         .await
     }
 
-    /// `server_functions` creates its functions at connect (they then exist under the
-    /// documented names), works with `create_schema(false)` once they exist, and without them
-    /// and without `create_schema` fails at connect with a `Config` error naming the fix.
+    /// `server_functions(true)` without the functions and without `create_schema` fails at
+    /// connect with a `Config` error naming the fix, while the default falls back to sending the
+    /// statements whole (and works); with `create_schema` the functions are created at connect
+    /// under the documented names, and then used, also with `create_schema(false)`.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn server_functions_are_created_at_connect_or_required() {
         let env = Env::postgres().await;
-        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        // A table of this test's own: Env's backends created the functions of theirs.
+        let (url, table) = (env.db().url.clone(), format!("{}_f", env.db().table));
         let admin = common::sql::pg_admin(&url).await;
         let exists = |f: &'static str| {
             let (admin, table) = (&admin, table.clone());
@@ -596,7 +598,10 @@ mod on_postgres {
             }
         };
         let builder = || dlock::PostgresBackend::builder(&url).table(&table);
-        // The table exists (Env created it); the functions do not yet.
+        // The table, without the functions.
+        let plain = builder().server_functions(false).connect().await.unwrap();
+        assert!(!plain.uses_server_functions());
+        drop(plain);
         assert!(!exists("acquire").await);
         let e = builder()
             .server_functions(true)
@@ -608,28 +613,53 @@ mod on_postgres {
             matches!(&e, LockError::Config(m) if m.contains("postgres_functions_sql")),
             "{e:?}"
         );
-        let b = builder().server_functions(true).connect().await.unwrap();
+        let fallback = builder().create_schema(false).connect().await.unwrap();
+        assert!(!fallback.uses_server_functions());
+        let g = Lock::new("fn-fallback")
+            .with_backend(Arc::new(fallback))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        let b = builder().connect().await.unwrap();
+        assert!(b.uses_server_functions(), "the default did not create them");
         for f in ["acquire", "acquire_nf", "release", "extend", "extend_nf"] {
             assert!(exists(f).await, "{table}_{f}_v1 missing");
         }
         drop(b);
-        let b: Arc<dyn Backend> = Arc::new(
-            builder()
-                .server_functions(true)
-                .create_schema(false)
-                .connect()
-                .await
-                .unwrap(),
-        );
+        let b = builder().create_schema(false).connect().await.unwrap();
+        assert!(b.uses_server_functions());
+        let b: Arc<dyn Backend> = Arc::new(b);
         let g = Lock::new("fn-reentry")
             .with_backend(b.clone())
             .acquire()
             .await
             .unwrap();
         assert!(g.extend(Duration::from_secs(20)).await.is_ok());
-        assert!(env.is_locked("fn-reentry").await);
+        let held = || async {
+            let n: i64 = admin
+                .query_one(
+                    &format!(
+                        "SELECT COUNT(*) FROM {table} WHERE name = $1 AND count > 0 \
+                         AND expires_at > clock_timestamp() + interval '15 seconds'"
+                    ),
+                    &[&b"fn-reentry".as_slice()],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            n == 1
+        };
+        assert!(held().await, "not held with the extended lease");
         g.release().await.unwrap();
-        assert!(!env.is_locked("fn-reentry").await);
+        assert!(!held().await);
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE {table}; DROP SEQUENCE {table}_fence; DROP FUNCTION {table}_acquire_v1, \
+                 {table}_acquire_nf_v1, {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1;"
+            ))
+            .await
+            .unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -954,14 +984,14 @@ mod on_postgres {
         // the statements sent whole or as calls of the server functions.
         let direct = env.backend();
         for functions in [false, true] {
-            let table: Arc<dyn Backend> = Arc::new(
-                dlock::PostgresBackend::builder(&tx.url(&db))
-                    .table(&env.db().table)
-                    .server_functions(functions)
-                    .connect()
-                    .await
-                    .expect("lock-table mode through the pooler"),
-            );
+            let table = dlock::PostgresBackend::builder(&tx.url(&db))
+                .table(&env.db().table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .expect("lock-table mode through the pooler");
+            assert_eq!(table.uses_server_functions(), functions);
+            let table: Arc<dyn Backend> = Arc::new(table);
             for _ in 0..3 {
                 let g = Lock::new("pooled")
                     .with_backend(table.clone())

@@ -619,7 +619,9 @@ fn postgres_lock_table_list_unlock_show() {
                 .unwrap();
         tokio::spawn(conn);
         c.batch_execute(&format!(
-            "DROP TABLE {table}; DROP SEQUENCE IF EXISTS {table}_fence"
+            "DROP TABLE {table}; DROP SEQUENCE IF EXISTS {table}_fence; \
+             DROP FUNCTION IF EXISTS {table}_acquire_v1, {table}_acquire_nf_v1, \
+             {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1"
         ))
         .await
         .unwrap();

@@ -358,7 +358,7 @@ pub struct PostgresBackendBuilder {
     advisory: bool,
     synchronous_commit: bool,
     prepared_statements: bool,
-    server_functions: bool,
+    server_functions: Option<bool>,
     tls_roots: Vec<Vec<u8>>,
 }
 
@@ -396,7 +396,7 @@ impl PostgresBackendBuilder {
             advisory: false,
             synchronous_commit: true,
             prepared_statements: false,
-            server_functions: false,
+            server_functions: None,
             tls_roots: Vec::new(),
         }
     }
@@ -442,16 +442,21 @@ impl PostgresBackendBuilder {
     }
 
     /// Whether the acquire, release and extend statements run inside PL/pgSQL functions of the
-    /// table's schema ([`postgres_functions_sql`]) instead of being sent whole (default false).
-    /// PL/pgSQL plans a function's statements once per server session and keeps the plans, so
-    /// the planning that [`PostgresBackendBuilder::prepared_statements`] saves is saved here
-    /// too, and this works **behind any pooler**: a call is an unnamed `SELECT * FROM
+    /// table's schema ([`postgres_functions_sql`]) instead of being sent whole. PL/pgSQL plans
+    /// a function's statements once per server session and keeps the plans, so the planning
+    /// that [`PostgresBackendBuilder::prepared_statements`] saves is saved here too, and this
+    /// works **behind any pooler**: a call is an unnamed `SELECT * FROM
     /// <table>_acquire_v1($1, $2, $3)`, valid in whatever server session runs it. The
-    /// functions are created at connect when missing (with the table, unless
-    /// `create_schema(false)`, in which case they must exist: apply
-    /// [`postgres_functions_sql`]). The statements and their guarantees are the same.
+    /// statements and their guarantees are the same.
+    ///
+    /// * Not called (the default): the functions are used when they exist or can be created
+    ///   at connect (with the table, unless `create_schema(false)`); otherwise the statements
+    ///   are sent whole, with an `info` event saying so.
+    /// * `true`: required; connect fails with [`LockError::Config`] when they are missing and
+    ///   cannot be created (apply [`postgres_functions_sql`] in your migrations).
+    /// * `false`: never; the statements are sent whole.
     pub fn server_functions(mut self, on: bool) -> Self {
-        self.server_functions = on;
+        self.server_functions = Some(on);
         self
     }
 
@@ -701,7 +706,7 @@ impl PostgresBackendBuilder {
                 cancel,
                 releases: std::sync::atomic::AtomicU64::new(0),
                 prepared: self.prepared_statements,
-                functions: self.server_functions && !self.advisory,
+                functions: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         if self.create_schema {
@@ -709,8 +714,19 @@ impl PostgresBackendBuilder {
         } else {
             backend.ping().await?;
         }
-        if backend.inner.functions {
-            backend.ensure_functions(self.create_schema).await?;
+        if !self.advisory && self.server_functions != Some(false) {
+            match backend.ensure_functions(self.create_schema).await {
+                Ok(()) => backend
+                    .inner
+                    .functions
+                    .store(true, std::sync::atomic::Ordering::Relaxed),
+                Err(e) if self.server_functions == Some(true) => return Err(e),
+                Err(e) => tracing::info!(
+                    table = %self.table,
+                    error = %e,
+                    "dlock: PostgreSQL server functions unavailable; sending the statements whole (planned at every call)"
+                ),
+            }
         }
         Ok(backend)
     }
@@ -761,8 +777,9 @@ struct Inner {
     releases: std::sync::atomic::AtomicU64,
     /// Named statements prepared once per connection (see `prepared_statements`).
     prepared: bool,
-    /// Calls of the server functions instead of the statements (see `server_functions`).
-    functions: bool,
+    /// Calls of the server functions instead of the statements (see `server_functions`); set
+    /// once at connect.
+    functions: std::sync::atomic::AtomicBool,
 }
 
 impl Drop for Inner {
@@ -830,6 +847,14 @@ impl PostgresBackend {
         &self.inner.table
     }
 
+    /// Whether calls go through the server functions (see
+    /// [`PostgresBackendBuilder::server_functions`]).
+    pub fn uses_server_functions(&self) -> bool {
+        self.inner
+            .functions
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// The pool the backend runs its statements on.
     pub fn pool(&self) -> &Pool {
         &self.inner.pool
@@ -879,7 +904,7 @@ impl PostgresBackend {
         let f = &self.inner.sql.functions;
         let pool = &self.inner.pool;
         let mut last = None;
-        for attempt in 0..5u64 {
+        for attempt in 0..3u64 {
             let r = bounded("", "the server functions", self.inner.op_timeout, async {
                 let c = pool.get().await?;
                 let rows = c.simple_query(&f.exist).await?;
@@ -909,7 +934,11 @@ impl PostgresBackend {
 
     /// The acquire, release or extend SQL to send: the statement, or its function's call.
     fn sql_for(&self, which: fn(&Sql) -> &String, call: fn(&Functions) -> &String) -> &str {
-        if self.inner.functions {
+        if self
+            .inner
+            .functions
+            .load(std::sync::atomic::Ordering::Relaxed)
+        {
             call(&self.inner.sql.functions)
         } else {
             which(&self.inner.sql)
