@@ -18,74 +18,34 @@ use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{RedisProc, TempDir};
+use common::RedisProc;
+use common::tls::{ServerCerts, new_ca};
 use dlock::{Backend, Lock, LockError, RedisBackend};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-
-/// A CA certificate (PEM) and the issuer to sign with.
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
 
 /// A TLS redis-server and the PEM of the CA that signed its certificate.
 struct TlsServer {
     server: RedisProc,
     tls_port: u16,
     ca_pem: Vec<u8>,
-    _dir: TempDir,
+    _certs: ServerCerts,
 }
 
 impl TlsServer {
     fn start() -> TlsServer {
-        let dir = TempDir::new("tls");
-        let ca = new_ca("dlock test CA");
-        let mut leaf =
-            CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-        leaf.distinguished_name
-            .push(DnType::CommonName, "dlock test server");
-        let leaf_key = KeyPair::generate().unwrap();
-        let leaf_cert = leaf.signed_by(&leaf_key, &ca).unwrap();
-        let (cert, key, ca_file) = (
-            dir.path().join("server.crt"),
-            dir.path().join("server.key"),
-            dir.path().join("ca.crt"),
-        );
-        std::fs::write(&cert, leaf_cert.pem()).unwrap();
-        std::fs::write(&key, leaf_key.serialize_pem()).unwrap();
-        std::fs::write(&ca_file, ca.pem()).unwrap();
+        let certs = ServerCerts::new();
         let tls_port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let port = tls_port.to_string();
-        let server = RedisProc::start_with(&[
-            "--tls-port",
-            &port,
-            "--tls-cert-file",
-            cert.to_str().unwrap(),
-            "--tls-key-file",
-            key.to_str().unwrap(),
-            "--tls-ca-cert-file",
-            ca_file.to_str().unwrap(),
-            "--tls-auth-clients",
-            "no",
-        ]);
+        let mut args = vec!["--tls-port".to_string(), tls_port.to_string()];
+        args.extend(certs.redis_args());
+        let server = RedisProc::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>());
         TlsServer {
             server,
             tls_port,
-            ca_pem: ca.pem().into_bytes(),
-            _dir: dir,
+            ca_pem: certs.ca_pem.clone(),
+            _certs: certs,
         }
     }
 

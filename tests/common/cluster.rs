@@ -15,6 +15,12 @@ use super::{Env, Kind, RedisProc};
 pub struct ClusterSet {
     /// The first `masters` were created as masters, the rest as their replicas.
     pub nodes: Vec<RedisProc>,
+    /// A TLS cluster ([`ClusterSet::start_tls`]): each node's TLS port, in `nodes` order (the
+    /// plain ports stay open for the harness's own checks). Empty for a plain cluster.
+    pub tls_ports: Vec<u16>,
+    /// A TLS cluster's CA and server certificate.
+    #[cfg(feature = "tls")]
+    pub certs: Option<super::tls::ServerCerts>,
 }
 
 /// What `CLUSTER NODES` says about one node.
@@ -33,20 +39,93 @@ impl ClusterSet {
     /// Starts `masters` masters with `replicas` replicas each and waits until every node reports
     /// `cluster_state:ok` and every replica is in sync.
     pub fn start(masters: usize, replicas: usize) -> ClusterSet {
+        let set = ClusterSet {
+            nodes: Self::start_nodes(masters, replicas, Vec::new),
+            tls_ports: Vec::new(),
+            #[cfg(feature = "tls")]
+            certs: None,
+        };
+        set.wait_ok(Duration::from_secs(30));
+        set
+    }
+
+    /// Like [`ClusterSet::start`], with nodes that serve TLS on a port of their own (certificate
+    /// from a fresh CA, [`super::tls::ServerCerts`]) and use it for the cluster bus
+    /// (`tls-cluster`, on a free `cluster-port`) and replication (`tls-replication`). With
+    /// `tls-cluster`, `CLUSTER SLOTS` / `CLUSTER NODES` give TLS clients the TLS ports and plain
+    /// clients the plain ones, so the harness keeps working on the plain ports.
+    #[cfg(feature = "tls")]
+    pub fn start_tls(masters: usize, replicas: usize) -> ClusterSet {
+        let certs = super::tls::ServerCerts::new();
+        // Distinct within the set: a port picked twice would fail that node on every attempt.
+        let picked = std::cell::RefCell::new(std::collections::HashSet::new());
+        let port = || loop {
+            let p = super::free_port();
+            if picked.borrow_mut().insert(p) {
+                return p.to_string();
+            }
+        };
+        let nodes = Self::start_nodes(masters, replicas, || {
+            let mut args: Vec<String> = [
+                "--tls-port",
+                port().as_str(),
+                "--cluster-port",
+                port().as_str(),
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+            ]
+            .map(String::from)
+            .into();
+            args.extend(certs.redis_args());
+            args
+        });
+        let tls_ports = nodes
+            .iter()
+            .map(|n| {
+                let kv: Vec<String> = redis::cmd("CONFIG")
+                    .arg("GET")
+                    .arg("tls-port")
+                    .query(&mut n.admin())
+                    .expect("CONFIG GET tls-port");
+                kv[1].parse().expect("a TLS port")
+            })
+            .collect();
+        let set = ClusterSet {
+            nodes,
+            tls_ports,
+            certs: Some(certs),
+        };
+        set.wait_ok(Duration::from_secs(30));
+        set
+    }
+
+    /// Starts the nodes (each with `node_args()` after the cluster settings) and joins them
+    /// with `redis-cli --cluster create` on their plain ports.
+    fn start_nodes(
+        masters: usize,
+        replicas: usize,
+        node_args: impl Fn() -> Vec<String>,
+    ) -> Vec<RedisProc> {
         let n = masters * (1 + replicas);
         let handles: Vec<_> = (0..n)
             .map(|_| {
-                std::thread::spawn(|| {
-                    RedisProc::start_with(&[
-                        "--cluster-enabled",
-                        "yes",
-                        "--cluster-config-file",
-                        "nodes.conf",
-                        "--cluster-node-timeout",
-                        "2000",
-                        "--cluster-require-full-coverage",
-                        "yes",
-                    ])
+                let mut args: Vec<String> = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                    "--cluster-node-timeout",
+                    "2000",
+                    "--cluster-require-full-coverage",
+                    "yes",
+                ]
+                .map(String::from)
+                .into();
+                args.extend(node_args());
+                std::thread::spawn(move || {
+                    RedisProc::start_with(&args.iter().map(String::as_str).collect::<Vec<_>>())
                 })
             })
             .collect();
@@ -72,14 +151,21 @@ impl ClusterSet {
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
         );
-        let set = ClusterSet { nodes };
-        set.wait_ok(Duration::from_secs(30));
-        set
+        nodes
     }
 
     /// Seed URLs: every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(|n| n.url()).collect()
+    }
+
+    /// `rediss://` seed URLs of a TLS cluster: every node's TLS port, by `host`.
+    pub fn tls_urls(&self, host: &str) -> Vec<String> {
+        assert!(!self.tls_ports.is_empty(), "not a TLS cluster");
+        self.tls_ports
+            .iter()
+            .map(|p| format!("rediss://{host}:{p}"))
+            .collect()
     }
 
     /// Waits until every running node reports `cluster_state:ok`, agrees on the masters and

@@ -29,6 +29,8 @@ pub mod redlock;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
 pub mod sql;
+#[cfg(feature = "tls")]
+pub mod tls;
 
 // ---------------------------------------------------------------------------------------------
 // Spawning children

@@ -543,18 +543,24 @@ impl ClusterBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         let (mut con, _) = self.conn("")?;
-        redis::cmd("PING")
-            .query_async::<String>(&mut con)
-            .await
-            .map_err(|e| LockError::Backend {
-                key: String::new(),
-                source: format!(
-                    "cannot reach the Redis Cluster at {}: {e}",
-                    self.inner.label
-                )
-                .into(),
-            })?;
-        Ok(())
+        let Err(e) = redis::cmd("PING").query_async::<String>(&mut con).await else {
+            return Ok(());
+        };
+        // The shared connection connects in the background and keeps only "No connections
+        // found" when no seed answers; one eager connection attempt tells why (a refused
+        // certificate, a wrong password, a closed port).
+        let cause = match self.inner.data_client.get_async_connection().await {
+            Err(cause) => format!(" ({cause})"),
+            Ok(_) => String::new(),
+        };
+        Err(LockError::Backend {
+            key: String::new(),
+            source: format!(
+                "cannot reach the Redis Cluster at {}: {e}{cause}",
+                self.inner.label
+            )
+            .into(),
+        })
     }
 
     /// Number of callers of the current runtime waiting on this backend.
