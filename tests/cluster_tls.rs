@@ -309,3 +309,25 @@ async fn a_wrong_or_missing_ca_is_a_typed_error_within_a_bound() {
     let ok = connect(set.tls_urls("127.0.0.1"), Some(ca_of(&set))).await;
     assert!(ok.is_ok(), "the right CA: {ok:?}");
 }
+
+/// A CA given with plain `redis://` seeds applies to `rediss://` only, as documented (and as on
+/// one node): the backend talks plain text to the plain ports and works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_with_plain_seeds_stays_plain_text() {
+    let set = tls_cluster(0).await;
+    let b: Arc<dyn Backend> = Arc::new(
+        bounded(
+            "connect with plain seeds and a CA",
+            connect(set.urls(), Some(ca_of(&set))),
+        )
+        .await
+        .expect("plain seeds with a CA did not connect"),
+    );
+    let g = bounded(
+        "an acquire over plain text",
+        Lock::new("tls-plain-seeds").with_backend(b).acquire(),
+    )
+    .await
+    .expect("acquire over plain text");
+    g.release().await.unwrap();
+}

@@ -161,8 +161,12 @@ impl ClusterBackendBuilder {
         if let Some(p) = &self.password {
             b = b.password(p);
         }
+        // Only for `rediss://` seeds: redis-rs turns TLS on for every node once certificates
+        // are given, and the CA is documented (as on one node) to apply to `rediss://` only.
         #[cfg(feature = "tls")]
-        if let Some(pem) = &self.tls_root_cert {
+        if let Some(pem) = &self.tls_root_cert
+            && self.urls.iter().any(|u| u.starts_with("rediss://"))
+        {
             b = b.certs(redis::TlsCertificates {
                 client_tls: None,
                 root_cert: Some(pem.clone()),
