@@ -647,8 +647,8 @@ mod tonic_code {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_error() {
+    use common::tls::new_ca;
     use rcgen::{CertificateParams, DnType, KeyPair};
-    use tls_certs::new_ca;
     let dir = common::TempDir::new("etcd-tls");
     let ca = new_ca("dlock etcd test CA");
     let mut leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
@@ -746,41 +746,6 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
     }
 }
 
-#[cfg(feature = "tls")]
-mod tls_certs {
-    use rcgen::{
-        BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair,
-        KeyUsagePurpose,
-    };
-
-    /// A throwaway CA.
-    pub(crate) fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.distinguished_name.push(DnType::CommonName, name);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-    }
-
-    /// A certificate for `names` signed by `ca`: (cert PEM, key PEM).
-    pub(crate) fn leaf(
-        ca: &CertifiedIssuer<'static, KeyPair>,
-        names: &[&str],
-        cn: &str,
-    ) -> (String, String) {
-        let mut p = CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>())
-            .unwrap();
-        p.distinguished_name.push(DnType::CommonName, cn);
-        let key = KeyPair::generate().unwrap();
-        let cert = p.signed_by(&key, ca).unwrap();
-        (cert.pem(), key.serialize_pem())
-    }
-}
-
 /// Client certificates (feature `tls`): an etcd that requires one (`--client-cert-auth`, signed
 /// by a client CA). The builder's `tls_identity_pem` with a certificate from that CA locks; no
 /// client certificate, or one from another CA, is a typed `LockError::Backend` within the
@@ -788,7 +753,7 @@ mod tls_certs {
 #[cfg(feature = "tls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_client_certificate_required_right_one_locks_none_or_foreign_is_a_typed_error() {
-    use tls_certs::{leaf, new_ca};
+    use common::tls::{leaf, new_ca};
     let dir = common::TempDir::new("etcd-mtls");
     let server_ca = new_ca("dlock etcd server CA");
     let client_ca = new_ca("dlock etcd client CA");

@@ -16,23 +16,9 @@ use std::time::{Duration, Instant};
 
 use common::TempDir;
 use common::sql::MyProc;
+use common::tls::{leaf, new_ca};
 use dlock::mysql_async::prelude::Queryable;
 use dlock::{Backend, Lock, LockError, MysqlBackend};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
 
 /// A TLS MariaDB and the PEM of its CA.
 fn tls_server() -> (MyProc, String) {
@@ -42,12 +28,9 @@ fn tls_server() -> (MyProc, String) {
 /// A TLS MariaDB whose certificate names `names`, and the PEM of its CA.
 fn tls_server_for(names: Vec<String>) -> (MyProc, String) {
     let ca = new_ca("dlock test CA");
-    let mut leaf = CertificateParams::new(names).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "dlock test mariadb");
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &ca).unwrap();
-    let srv = MyProc::start_tls(&cert.pem(), &key.serialize_pem());
+    let names: Vec<&str> = names.iter().map(String::as_str).collect();
+    let (cert, key) = leaf(&ca, &names, "dlock test mariadb");
+    let srv = MyProc::start_tls(&cert, &key);
     (srv, ca.pem())
 }
 

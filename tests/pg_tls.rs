@@ -14,32 +14,14 @@ use std::time::{Duration, Instant};
 
 use common::TempDir;
 use common::sql::PgProc;
+use common::tls::{leaf, new_ca};
 use dlock::{Backend, Lock, PostgresBackend};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair, KeyUsagePurpose,
-};
-
-fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
-    let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
-}
 
 /// A TLS PostgreSQL and the PEM of its CA.
 fn tls_server() -> (PgProc, String) {
     let ca = new_ca("dlock test CA");
-    let mut leaf = CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-    leaf.distinguished_name
-        .push(DnType::CommonName, "dlock test postgres");
-    let key = KeyPair::generate().unwrap();
-    let cert = leaf.signed_by(&key, &ca).unwrap();
-    let srv = PgProc::start_tls(&cert.pem(), &key.serialize_pem());
+    let (cert, key) = leaf(&ca, &["localhost", "127.0.0.1"], "dlock test postgres");
+    let srv = PgProc::start_tls(&cert, &key);
     (srv, ca.pem())
 }
 

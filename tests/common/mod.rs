@@ -29,7 +29,7 @@ pub mod redlock;
 #[cfg(feature = "sentinel")]
 pub mod sentinel;
 pub mod sql;
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "postgres-tls", feature = "mysql-tls"))]
 pub mod tls;
 
 // ---------------------------------------------------------------------------------------------

@@ -23,6 +23,16 @@ pub fn new_ca(name: &str) -> CertifiedIssuer<'static, KeyPair> {
     CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap()
 }
 
+/// A certificate for `names` signed by `ca`: (certificate PEM, key PEM).
+pub fn leaf(ca: &CertifiedIssuer<'static, KeyPair>, names: &[&str], cn: &str) -> (String, String) {
+    let mut p =
+        CertificateParams::new(names.iter().map(|n| n.to_string()).collect::<Vec<_>>()).unwrap();
+    p.distinguished_name.push(DnType::CommonName, cn);
+    let key = KeyPair::generate().unwrap();
+    let cert = p.signed_by(&key, ca).unwrap();
+    (cert.pem(), key.serialize_pem())
+}
+
 /// A fresh CA and a server certificate and key it signed (for `localhost` and `127.0.0.1`), as
 /// files; removed on drop.
 #[derive(Debug)]
@@ -39,12 +49,7 @@ impl ServerCerts {
     pub fn new() -> ServerCerts {
         let dir = TempDir::new("tls");
         let ca = new_ca("dlock test CA");
-        let mut leaf =
-            CertificateParams::new(vec!["localhost".into(), "127.0.0.1".into()]).unwrap();
-        leaf.distinguished_name
-            .push(DnType::CommonName, "dlock test server");
-        let leaf_key = KeyPair::generate().unwrap();
-        let leaf_cert = leaf.signed_by(&leaf_key, &ca).unwrap();
+        let (leaf_cert, leaf_key) = leaf(&ca, &["localhost", "127.0.0.1"], "dlock test server");
         let certs = ServerCerts {
             cert: dir.path().join("server.crt"),
             key: dir.path().join("server.key"),
@@ -52,8 +57,8 @@ impl ServerCerts {
             ca_pem: ca.pem().into_bytes(),
             _dir: dir,
         };
-        std::fs::write(&certs.cert, leaf_cert.pem()).unwrap();
-        std::fs::write(&certs.key, leaf_key.serialize_pem()).unwrap();
+        std::fs::write(&certs.cert, leaf_cert).unwrap();
+        std::fs::write(&certs.key, leaf_key).unwrap();
         std::fs::write(&certs.ca, &certs.ca_pem).unwrap();
         certs
     }

@@ -968,6 +968,19 @@ impl Backend for RedisBackend {
 // ---------------------------------------------------------------------------------------------
 
 impl RedisBackend {
+    /// The server's `run_id` (`INFO server`): it changes when the server restarts (used by the
+    /// Sentinel backend to tell a new master process from the one it knew).
+    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
+    pub(crate) async fn server_run_id(&self) -> Result<String, LockError> {
+        let (mut con, _) = self.conn("")?;
+        let info: String = redis::cmd("INFO")
+            .arg("server")
+            .query_async(&mut con)
+            .await
+            .map_err(|e| map_err("", e))?;
+        run_id_of(&info)
+    }
+
     /// The name of this runtime's data connection (`CLIENT GETNAME`): `None` on a connection
     /// nobody named, such as one the connection manager opened after the last was lost.
     pub(crate) async fn data_conn_name(&self) -> Result<Option<String>, LockError> {
