@@ -151,10 +151,11 @@ impl RedlockBuilder {
             let conn_name = new_conn_name();
             match tokio::time::timeout(t, n.backend.name_data_conn(&conn_name)).await {
                 Ok(Ok(id)) => {
-                    let mut st = n.lock_state();
-                    st.conn_names.insert(conn_name, id.clone());
-                    st.run_id = Some(id);
-                    drop(st);
+                    {
+                        let mut st = n.lock_state();
+                        st.conn_names.insert(conn_name, id.clone());
+                        st.run_id = Some(id);
+                    }
                     let _ = tokio::time::timeout(t, n.backend.load_scripts()).await;
                     Ok(())
                 }
