@@ -90,7 +90,7 @@ async fn expired_session_fires_lost_at_once_and_later_acquisitions_get_a_new_ses
     let deadline = Instant::now() + b.session_timeout();
     let old_session = b.session_id();
     proxy.set_mode(Mode::Reset);
-    let thief = zookeeper_client::Client::connector()
+    let thief = common::zookeeper::connector()
         .session(b.session_info())
         .connect(&server.hosts())
         .await
@@ -208,7 +208,7 @@ fn is_no_auth(e: &dlock::LockError) -> bool {
 async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
     use zookeeper_client as zk;
     let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
-    let operator = zk::Client::connector()
+    let operator = common::zookeeper::connector()
         .session_timeout(Duration::from_secs(5))
         .auth(
             "digest".to_string(),
@@ -563,7 +563,7 @@ async fn admin_over_a_digest_url_reads_and_unlocks_and_never_shows_the_password(
     use dlock::admin::{AdminErrorKind, ForceReleased};
     use zookeeper_client as zk;
     let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
-    let operator = zk::Client::connector()
+    let operator = common::zookeeper::connector()
         .session_timeout(Duration::from_secs(5))
         .auth(
             "digest".to_string(),

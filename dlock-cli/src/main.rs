@@ -8,14 +8,13 @@
 //! ```
 //!
 //! The URL comes from `--url` or `DLOCK_URL` (default `redis://127.0.0.1:6379`): every form the
-//! library's registry accepts (`redis://`, `rediss://`, `unix://`, and with this binary's
-//! features `postgres://`, `mysql://`, `zk://`, `etcd://`). Several `--url`s with `--redlock`
-//! are the nodes of a Redlock set; with `--cluster` the seeds of a Redis Cluster; with
+//! library's registry accepts (`redis://`, `rediss://`, `unix://`, and with this binary's features
+//! `postgres://`, `mysql://`, `zk://`, `zks://` (with `tls`), `etcd://`). Several `--url`s with
+//! `--redlock` are the nodes of a Redlock set; with `--cluster` the seeds of a Redis Cluster; with
 //! `--sentinel MASTER` the sentinels of a master (its credentials from `DLOCK_MASTER_USER` /
-//! `DLOCK_MASTER_PASSWORD`). Exit codes: 0 done, 1 unexpected server error, 2 usage, 3 not
-//! found, 4 refused (confirmation not given, or the holder changed), 5 connection failed
-//! (refused, timed out, authentication), 6 this backend or URL is not supported. No password
-//! is ever printed.
+//! `DLOCK_MASTER_PASSWORD`). Exit codes: 0 done, 1 unexpected server error, 2 usage, 3 not found, 4
+//! refused (confirmation not given, or the holder changed), 5 connection failed (refused, timed
+//! out, authentication), 6 this backend or URL is not supported. No password is ever printed.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -35,8 +34,8 @@ use serde_json::json;
 )]
 struct Cli {
     /// Backend URL: redis://[user[:password]@]host[:port][/db], rediss://, unix://, postgres://,
-    /// mysql://, zk://, etcd:// (as the library's registry). Repeat for --redlock, --cluster,
-    /// --sentinel. The password is never printed.
+    /// mysql://, zk://, zks://, etcd:// (as the library's registry). Repeat for --redlock,
+    /// --cluster, --sentinel. The password is never printed.
     #[arg(
         long,
         env = "DLOCK_URL",

@@ -373,8 +373,8 @@ fn scheme_of(url: &str) -> Option<String> {
 
 /// Connects an [`Admin`] for a URL of any form the registry accepts: `redis://`, `rediss://`
 /// (feature `tls`), `unix://`, `redis+unix://`, `postgres://`/`postgresql://` (feature
-/// `postgres`), `mysql://` (feature `mysql`), `zk://` (feature `zookeeper`), `etcd://` (feature
-/// `etcd`). The connection is checked here. The database URLs take the admin's own query
+/// `postgres`), `mysql://` (feature `mysql`), `zk://` and `zks://` (feature `zookeeper`; `zks://`
+/// also `tls`), `etcd://` (feature `etcd`). The connection is checked here. The database URLs take the admin's own query
 /// parameters `dlock_table=<table>` (default `dlock_locks`) and, for PostgreSQL,
 /// `dlock_mode=table|advisory`, which are taken out before connecting (see `PostgresAdmin`,
 /// `MysqlAdmin`). An engine whose feature is off is an
@@ -390,7 +390,7 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
             crate::backend::redis::admin::RedisAdmin::connect(url).await?,
         )),
         #[cfg(feature = "zookeeper")]
-        "zk" => Ok(Box::new(
+        "zk" | "zks" => Ok(Box::new(
             crate::backend::zookeeper::admin::ZookeeperAdmin::connect(url).await?,
         )),
         #[cfg(feature = "etcd")]
@@ -409,7 +409,7 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
             let feature = match other {
                 "postgres" | "postgresql" => Some("postgres"),
                 "mysql" => Some("mysql"),
-                "zk" => Some("zookeeper"),
+                "zk" | "zks" => Some("zookeeper"),
                 "etcd" => Some("etcd"),
                 _ => None,
             };
@@ -417,7 +417,7 @@ pub async fn connect(url: &str) -> Result<Box<dyn Admin>, AdminError> {
                 Some(f) => format!("`{other}://` URLs need dlock's `{f}` feature"),
                 None => format!(
                     "`{other}://` is not a dlock backend URL (redis, rediss, unix, postgres, \
-                     mysql, zk, etcd)"
+                     mysql, zk, zks, etcd)"
                 ),
             }))
         }

@@ -22,7 +22,8 @@ pub async fn init(url: &str) -> Result<(), LockError> {
 }
 
 /// Connects to Redis and registers it under `name` (replacing what was there); with the
-/// `zookeeper` feature, a `zk://host:port[,host:port...][/chroot]` URL connects to ZooKeeper;
+/// `zookeeper` feature, a `zk://host:port[,host:port...][/chroot]` URL connects to ZooKeeper
+/// (`zks://` over TLS, with the `tls` feature too: see `ZookeeperBackend::connect`);
 /// with the `etcd` feature, an `etcd://host:port[,host:port...]` URL connects to etcd.
 pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
     // Database engines by URL scheme (backend/sql/); everything else is Redis.
@@ -52,7 +53,7 @@ pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
         _ => {}
     }
     #[cfg(feature = "zookeeper")]
-    if url.starts_with("zk://") {
+    if url.starts_with("zk://") || url.starts_with("zks://") {
         register(name, crate::ZookeeperBackend::connect(url).await?);
         return Ok(());
     }

@@ -1,6 +1,8 @@
 //! Private ZooKeeper servers for the tests (feature `zookeeper`): a standalone server in a temp
 //! dir with its own `zoo.cfg` and data dir on a free 127.0.0.1 port, admin server off, started
 //! from Debian's jars (`scripts/test` installs the `zookeeper` package). Killed and reaped on drop.
+//! [`ZkProc::start_tls`] starts one that serves TLS only (Netty's `secureClientPort`, PEM key
+//! and trust stores, no plain-text port).
 
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
@@ -19,6 +21,28 @@ pub struct ZkProc {
     port: u16,
     dir: TempDir,
     child: Option<Child>,
+    tls: Option<ZkTls>,
+}
+
+/// TLS of a private server: its only client port is then a TLS one.
+#[derive(Debug, Clone)]
+pub struct ZkTls {
+    /// The server's certificate and its key (PEM).
+    pub cert_pem: String,
+    pub key_pem: String,
+    /// `Some`: client certificates are required (`ssl.clientAuth=need`) and must chain to this
+    /// CA (PEM); `None`: none is asked for.
+    pub client_ca_pem: Option<String>,
+}
+
+/// zookeeper-client's connector for the tests' own sessions. With dlock's `tls` feature the
+/// client's rustls needs a process-wide crypto provider even for plain text (a backend installs
+/// ring's when it connects; a test may connect before any backend did).
+pub fn connector() -> zookeeper_client::Connector {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+    zookeeper_client::Client::connector()
 }
 
 fn classpath() -> String {
@@ -29,6 +53,12 @@ fn classpath() -> String {
         "slf4j-api.jar",
         "slf4j-nop.jar",
         "netty-all.jar",
+        // Netty TLS servers (`start_tls`): Debian's zookeeper.jar lists netty's buffer, common,
+        // handler and transport jars in its manifest, not the codec, resolver and unix jars
+        // the Netty server factory needs (netty-all.jar is empty there).
+        "netty-codec.jar",
+        "netty-resolver.jar",
+        "netty-transport-native-unix-common.jar",
         "metrics-core.jar",
         "commons-cli.jar",
         "commons-io.jar",
@@ -62,10 +92,20 @@ pub fn four_letter(port: u16, cmd: &str) -> Option<String> {
 
 impl ZkProc {
     pub fn start() -> ZkProc {
+        Self::start_with(None)
+    }
+
+    /// A server whose only client port serves TLS (`hosts()` is that port).
+    pub fn start_tls(tls: ZkTls) -> ZkProc {
+        Self::start_with(Some(tls))
+    }
+
+    fn start_with(tls: Option<ZkTls>) -> ZkProc {
         let mut p = ZkProc {
             port: 0,
             dir: TempDir::new("zk"),
             child: None,
+            tls,
         };
         let mut last = String::new();
         for _ in 0..5 {
@@ -82,14 +122,17 @@ impl ZkProc {
         let data = self.dir.path().join("data");
         std::fs::create_dir_all(&data).map_err(|e| e.to_string())?;
         let cfg = self.dir.path().join("zoo.cfg");
+        let listen = match &self.tls {
+            None => format!("clientPort={0}\nclientPortAddress=127.0.0.1\n", self.port),
+            Some(tls) => self.tls_cfg(tls)?,
+        };
         std::fs::write(
             &cfg,
             format!(
-                "tickTime={TICK_MS}\ndataDir={}\nclientPort={}\nclientPortAddress=127.0.0.1\n\
+                "tickTime={TICK_MS}\ndataDir={}\n{listen}\
                  admin.enableServer=false\n4lw.commands.whitelist=*\nmaxClientCnxns=0\n\
                  extendedTypesEnabled=true\n",
                 data.display(),
-                self.port
             ),
         )
         .map_err(|e| e.to_string())?;
@@ -115,9 +158,7 @@ impl ZkProc {
                     std::fs::read_to_string(self.dir.path().join("zk.log")).unwrap_or_default();
                 return Err(format!("ZooKeeper exited with {st}: {log}"));
             }
-            if four_letter(self.port, "ruok").as_deref() == Some("imok")
-                && four_letter(self.port, "srvr").is_some_and(|s| s.contains("Mode"))
-            {
+            if self.serving() {
                 self.child = Some(child);
                 return Ok(());
             }
@@ -130,12 +171,58 @@ impl ZkProc {
         }
     }
 
+    /// The Netty TLS settings (ZooKeeper >= 3.5.5 reads PEM stores): the certificate and key in
+    /// one PEM file as key store, the client CA as trust store.
+    fn tls_cfg(&self, tls: &ZkTls) -> Result<String, String> {
+        let keystore = self.dir.path().join("keystore.pem");
+        std::fs::write(&keystore, format!("{}{}", tls.cert_pem, tls.key_pem))
+            .map_err(|e| e.to_string())?;
+        let mut cfg = format!(
+            "serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             secureClientPort={}\nsecureClientPortAddress=127.0.0.1\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n",
+            self.port,
+            keystore.display()
+        );
+        match &tls.client_ca_pem {
+            Some(ca) => {
+                let truststore = self.dir.path().join("truststore.pem");
+                std::fs::write(&truststore, ca).map_err(|e| e.to_string())?;
+                cfg.push_str(&format!(
+                    "ssl.trustStore.location={}\nssl.trustStore.type=PEM\nssl.clientAuth=need\n",
+                    truststore.display()
+                ));
+            }
+            None => cfg.push_str("ssl.clientAuth=none\n"),
+        }
+        Ok(cfg)
+    }
+
+    /// Up: a plain server answers `ruok` and `srvr`; a TLS one (no plain-text port, so no
+    /// four-letter words) accepts connections on its TLS port, which Netty binds once the
+    /// server is configured (a session asked for a moment early is retried by the client).
+    fn serving(&self) -> bool {
+        if self.tls.is_some() {
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+            return TcpStream::connect_timeout(&addr, Duration::from_millis(500)).is_ok();
+        }
+        four_letter(self.port, "ruok").as_deref() == Some("imok")
+            && four_letter(self.port, "srvr").is_some_and(|s| s.contains("Mode"))
+    }
+
     pub fn hosts(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// `zk://127.0.0.1:<port>`, or `zks://...` for a TLS server (no CA parameter).
     pub fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}", self.port)
+        let scheme = if self.tls.is_some() { "zks" } else { "zk" };
+        format!("{scheme}://127.0.0.1:{}", self.port)
+    }
+
+    /// The directory of the server's files (for a test's own PEM files).
+    pub fn dir(&self) -> &std::path::Path {
+        self.dir.path()
     }
 
     pub fn port(&self) -> u16 {
@@ -165,7 +252,7 @@ pub async fn zk_backend(server: &ZkProc) -> dlock::ZookeeperBackend {
 
 /// A plain client for inspection and for deleting nodes behind a holder's back.
 pub async fn admin(server: &ZkProc) -> zookeeper_client::Client {
-    zookeeper_client::Client::connector()
+    connector()
         .session_timeout(Duration::from_secs(5))
         .connect(&server.hosts())
         .await

@@ -44,6 +44,139 @@ pub struct ZookeeperBackendBuilder {
     request_timeout: Duration,
     /// `(user, password)` for ZooKeeper's `digest` scheme.
     digest: Option<(String, String)>,
+    /// TLS on every host (`zks://`, `Self::tls`); `None`: plain text.
+    tls: Option<TlsConf>,
+}
+
+/// The TLS settings of a ZooKeeper connection: CA certificates (PEM; none: the Mozilla roots of
+/// `webpki-roots`) and an optional client certificate and key. Checked when connecting; `Debug`
+/// shows counts, never the key.
+#[derive(Clone, Default)]
+pub(crate) struct TlsConf {
+    ca_pem: Vec<Vec<u8>>,
+    identity: Option<(Vec<u8>, Vec<u8>)>,
+}
+
+impl std::fmt::Debug for TlsConf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TlsConf")
+            .field("ca_certs", &self.ca_pem.len())
+            .field("client_identity", &self.identity.is_some())
+            .finish()
+    }
+}
+
+#[cfg(feature = "tls")]
+fn tls_config_error(what: &str) -> LockError {
+    LockError::Config(format!("ZooKeeper TLS: {what}"))
+}
+
+#[cfg(feature = "tls")]
+impl TlsConf {
+    /// The client's TLS options, every PEM checked (a bad one is [`LockError::Config`] whose
+    /// message names the part, never its content).
+    fn options(&self) -> Result<zk::TlsOptions, LockError> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        fn certs(pem: &[u8], what: &str) -> Result<Vec<CertificateDer<'static>>, LockError> {
+            let certs = CertificateDer::pem_slice_iter(pem)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| tls_config_error(&format!("the {what} is not valid PEM")))?;
+            if certs.is_empty() {
+                return Err(tls_config_error(&format!(
+                    "no PEM certificate in the {what}"
+                )));
+            }
+            Ok(certs)
+        }
+        fn text<'a>(pem: &'a [u8], what: &str) -> Result<&'a str, LockError> {
+            std::str::from_utf8(pem)
+                .map_err(|_| tls_config_error(&format!("the {what} is not valid PEM")))
+        }
+        let mut opts = if self.ca_pem.is_empty() {
+            zk::TlsOptions::default()
+        } else {
+            zk::TlsOptions::no_ca()
+        };
+        for pem in &self.ca_pem {
+            certs(pem, "CA certificate")?;
+            opts = opts
+                .with_pem_ca_certs(text(pem, "CA certificate")?)
+                .map_err(|_| tls_config_error("the CA certificate is not a usable certificate"))?;
+        }
+        if let Some((cert, key)) = &self.identity {
+            let chain = certs(cert, "client certificate")?;
+            let der = PrivateKeyDer::from_pem_slice(key).map_err(|_| {
+                tls_config_error("no PEM private key (PKCS#8, PKCS#1 or SEC1) in the client key")
+            })?;
+            // Key and certificate must belong together: checked now, not at the handshake.
+            rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|_| tls_config_error("no TLS protocol version available"))?
+            .with_root_certificates(rustls::RootCertStore::empty())
+            .with_client_auth_cert(chain, der)
+            .map_err(|_| {
+                tls_config_error(
+                    "the client key does not match the client certificate or is not supported",
+                )
+            })?;
+            opts = opts
+                .with_pem_identity(text(cert, "client certificate")?, text(key, "client key")?)
+                .map_err(|_| tls_config_error("the client certificate or key is not usable"))?;
+        }
+        Ok(opts)
+    }
+}
+
+/// Readies `connector` for `tls` (TLS on every host) or plain text, and says whether to connect
+/// securely. With the `tls` feature, zookeeper-client's rustls (built with both ring, for the
+/// other backends, and its default aws-lc-rs) needs a process-wide crypto provider even for
+/// plain connections: ring's is installed when none is.
+pub(crate) fn prepare(
+    connector: &mut zk::Connector,
+    tls: Option<&TlsConf>,
+) -> Result<bool, LockError> {
+    #[cfg(feature = "tls")]
+    {
+        if rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Losing a race to another installer is fine: a provider is then installed.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        if let Some(t) = tls {
+            connector.tls(t.options()?);
+            return Ok(true);
+        }
+        Ok(false)
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = connector;
+        match tls {
+            Some(_) => Err(no_tls_feature()),
+            None => Ok(false),
+        }
+    }
+}
+
+/// Opens a session on `hosts`, TLS on every host when `secure` (see [`prepare`]).
+pub(crate) async fn open_client(
+    connector: &mut zk::Connector,
+    hosts: &str,
+    secure: bool,
+) -> Result<zk::Client, zk::Error> {
+    #[cfg(feature = "tls")]
+    if secure {
+        return connector.secure_connect(hosts).await;
+    }
+    debug_assert!(!secure, "TLS without the tls feature");
+    connector.connect(hosts).await
+}
+
+#[cfg(not(feature = "tls"))]
+fn no_tls_feature() -> LockError {
+    LockError::Config("ZooKeeper over TLS (`zks://`) needs dlock's `tls` feature".to_string())
 }
 
 impl std::fmt::Debug for ZookeeperBackendBuilder {
@@ -55,6 +188,7 @@ impl std::fmt::Debug for ZookeeperBackendBuilder {
             .field("session_timeout", &self.session_timeout)
             .field("request_timeout", &self.request_timeout)
             .field("digest_user", &self.digest.as_ref().map(|(u, _)| u))
+            .field("tls", &self.tls)
             .finish()
     }
 }
@@ -96,6 +230,41 @@ impl ZookeeperBackendBuilder {
         self
     }
 
+    /// TLS on every host (feature `tls`; `zks://` in a URL), the server's certificate checked
+    /// against the Mozilla roots (`webpki-roots`) unless [`Self::tls_ca_pem`] gives CAs, and its
+    /// name against the host name or IP address in `hosts`. The servers serve TLS on their
+    /// `secureClientPort` (Netty); a plain-text port, a certificate that does not verify, or a
+    /// server that wants a client certificate and gets none fail [`Self::build`] with
+    /// [`LockError::Backend`] within the request timeout. `false` turns TLS off again.
+    #[cfg(feature = "tls")]
+    pub fn tls(mut self, on: bool) -> Self {
+        self.tls = on.then(|| self.tls.take().unwrap_or_default());
+        self
+    }
+
+    /// Trusts the CA certificate(s) in `pem` (feature `tls`; may be called again to add more):
+    /// the server's certificate must then chain to one of these, not to the Mozilla roots.
+    /// Turns TLS on. A PEM without a certificate is [`LockError::Config`] at [`Self::build`].
+    #[cfg(feature = "tls")]
+    pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
+        let mut t = self.tls.take().unwrap_or_default();
+        t.ca_pem.push(pem.to_vec());
+        self.tls = Some(t);
+        self
+    }
+
+    /// A client certificate (chain) and its private key, both PEM, for servers that require one
+    /// (`ssl.clientAuth=need`; feature `tls`). Turns TLS on; combine with [`Self::tls_ca_pem`].
+    /// A PEM that does not parse, or a key that does not match the certificate, is
+    /// [`LockError::Config`] at [`Self::build`]; the key never appears in `Debug` or errors.
+    #[cfg(feature = "tls")]
+    pub fn tls_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        let mut t = self.tls.take().unwrap_or_default();
+        t.identity = Some((cert_pem.to_vec(), key_pem.to_vec()));
+        self.tls = Some(t);
+        self
+    }
+
     /// The ACL of the nodes this backend creates (see [`Self::digest_auth`]).
     fn node_acls(&self) -> zk::Acls<'static> {
         if self.digest.is_some() {
@@ -113,6 +282,8 @@ impl ZookeeperBackendBuilder {
                 self.root
             )));
         }
+        // A bad PEM is a configuration error now, before any thread or connection.
+        prepare(&mut zk::Client::connector(), self.tls.as_ref())?;
         // The client's session task and every task of this backend run on its own driver
         // thread, so it survives the shutdown of any caller's runtime (see `Driver`).
         let driver = Driver::start("dlock-zk")?;
@@ -142,12 +313,24 @@ async fn connect(cfg: &ZookeeperBackendBuilder) -> Result<zk::Client, LockError>
             format!("{user}:{password}").into_bytes(),
         );
     }
-    let fut = connector.connect(hosts);
-    match tokio::time::timeout(bound, fut).await {
+    let secure = prepare(&mut connector, cfg.tls.as_ref())?;
+    match tokio::time::timeout(bound, open_client(&mut connector, hosts, secure)).await {
         Ok(Ok(c)) => Ok(c),
+        // The client's own deadline (the session timeout, when shorter than the bound).
+        Ok(Err(zk::Error::Timeout)) if secure => Err(be("", tls_timeout(hosts))),
         Ok(Err(e)) => Err(be("", e)),
+        Err(_) if secure => Err(be("", tls_timeout(hosts))),
         Err(_) => Err(be("", format!("connecting to ZooKeeper {hosts} timed out"))),
     }
+}
+
+/// The client retries a refused TLS handshake like any failed connection (its cause is only in
+/// its `debug` log), so those failures end as a time-out.
+fn tls_timeout(hosts: &str) -> String {
+    format!(
+        "connecting to ZooKeeper {hosts} over TLS timed out (an untrusted server certificate, a \
+         plain-text port, or a refused or missing client certificate fails this way)"
+    )
 }
 
 /// One ZooKeeper session: its client, the negotiated timeout, and a token cancelled once it
@@ -284,12 +467,101 @@ pub(crate) fn split_userinfo(rest: &str) -> Result<(Option<UserPass>, &str), Loc
     }
 }
 
-/// Splits `zk://[user:password@]hosts[/chroot]` into its user part and `hosts[/chroot]`.
-pub(crate) fn parse_url(url: &str) -> Result<(Option<UserPass>, &str), LockError> {
-    let rest = url
-        .strip_prefix("zk://")
-        .ok_or_else(|| LockError::Config("a ZooKeeper URL starts with zk://".to_string()))?;
-    split_userinfo(rest)
+/// A parsed `zk://` or `zks://` URL (no `Debug`: it holds the password).
+pub(crate) struct ZkUrl<'a> {
+    pub(crate) userinfo: Option<UserPass>,
+    /// `hosts[/chroot]`, without the query.
+    pub(crate) hosts: &'a str,
+    /// `zks://`: TLS, with the PEM files its query named already read.
+    pub(crate) tls: Option<TlsConf>,
+}
+
+impl ZkUrl<'_> {
+    /// `zk://` or `zks://`, the user (never the password) and the hosts: for messages.
+    pub(crate) fn shown(&self) -> String {
+        let scheme = if self.tls.is_some() { "zks" } else { "zk" };
+        match &self.userinfo {
+            Some((user, _)) => format!("{scheme}://{user}@{}", self.hosts),
+            None => format!("{scheme}://{}", self.hosts),
+        }
+    }
+}
+
+/// Splits `zk[s]://[user:password@]hosts[/chroot][?tls_ca=<path>&tls_cert=<path>&tls_key=<path>]`
+/// (see [`ZookeeperBackend::connect`]) and reads the PEM files the query names. Errors never
+/// contain the password.
+pub(crate) fn parse_url(url: &str) -> Result<ZkUrl<'_>, LockError> {
+    let (rest, tls) = if let Some(rest) = url.strip_prefix("zk://") {
+        (rest, false)
+    } else if let Some(rest) = url.strip_prefix("zks://") {
+        (rest, true)
+    } else {
+        return Err(LockError::Config(
+            "a ZooKeeper URL starts with zk:// (or zks:// for TLS)".to_string(),
+        ));
+    };
+    let (userinfo, rest) = split_userinfo(rest)?;
+    let (hosts, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (mut ca, mut cert, mut key) = (None, None, None);
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let slot = match k {
+            "tls_ca" => &mut ca,
+            "tls_cert" => &mut cert,
+            "tls_key" => &mut key,
+            _ => {
+                return Err(LockError::Config(format!(
+                    "unknown ZooKeeper URL parameter `{k}` (tls_ca, tls_cert, tls_key)"
+                )));
+            }
+        };
+        if !tls {
+            return Err(LockError::Config(format!(
+                "the ZooKeeper URL parameter `{k}` needs a zks:// URL"
+            )));
+        }
+        *slot = Some(super::url_decode(v, k)?);
+    }
+    if !tls {
+        return Ok(ZkUrl {
+            userinfo,
+            hosts,
+            tls: None,
+        });
+    }
+    #[cfg(not(feature = "tls"))]
+    {
+        let _ = (ca, cert, key);
+        Err(no_tls_feature())
+    }
+    #[cfg(feature = "tls")]
+    {
+        let read = |param: &str, path: &str| {
+            std::fs::read(path).map_err(|e| {
+                LockError::Config(format!(
+                    "ZooKeeper TLS: cannot read `{param}` file {path:?}: {e}"
+                ))
+            })
+        };
+        let mut conf = TlsConf::default();
+        if let Some(p) = &ca {
+            conf.ca_pem.push(read("tls_ca", p)?);
+        }
+        match (&cert, &key) {
+            (Some(c), Some(k)) => conf.identity = Some((read("tls_cert", c)?, read("tls_key", k)?)),
+            (None, None) => {}
+            _ => {
+                return Err(tls_config_error(
+                    "`tls_cert` and `tls_key` go together (a client certificate and its key)",
+                ));
+            }
+        }
+        Ok(ZkUrl {
+            userinfo,
+            hosts,
+            tls: Some(conf),
+        })
+    }
 }
 
 pub(crate) fn seq_of(child: &str) -> Option<i64> {
@@ -318,17 +590,27 @@ impl ZookeeperBackend {
             session_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(5),
             digest: None,
+            tls: None,
         }
     }
 
     /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` with the default
     /// settings; `user:password` is [`ZookeeperBackendBuilder::digest_auth`].
+    ///
+    /// `zks://` (feature `tls`) is the same over TLS on every host (the servers'
+    /// `secureClientPort`), the server certificate checked against the Mozilla roots, or
+    /// against the CA file of `?tls_ca=/path/ca.pem`;
+    /// `&tls_cert=/path/client.pem&tls_key=/path/client.key` presents a client certificate
+    /// (see `ZookeeperBackendBuilder::tls`). A `@` in a path is written `%40`. The files are
+    /// read here; an unreadable one, or any `tls_*` parameter on a `zk://` URL, is
+    /// [`LockError::Config`]. Without the feature, `zks://` is [`LockError::Config`].
     pub async fn connect(url: &str) -> Result<Self, LockError> {
-        let (userinfo, hosts) = parse_url(url)?;
-        let mut b = Self::builder(hosts);
-        if let Some((user, password)) = userinfo {
+        let u = parse_url(url)?;
+        let mut b = Self::builder(u.hosts);
+        if let Some((user, password)) = u.userinfo {
             b = b.digest_auth(&user, &password);
         }
+        b.tls = u.tls;
         b.build().await
     }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::{DEFAULT_ROOT, escape, parse_url, seq_of};
+use super::{DEFAULT_ROOT, escape, open_client, parse_url, prepare, seq_of};
 use crate::admin::{
     Admin, AdminError, CALL_TIMEOUT, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching,
     bounded, still_held, without_secret,
@@ -22,7 +22,7 @@ use crate::backend::BoxFuture;
 #[derive(Clone)]
 pub struct ZookeeperAdmin {
     client: zk::Client,
-    /// `zk://[user@]hosts[/chroot]`: never the password.
+    /// `zk[s]://[user@]hosts[/chroot]`: never the password.
     shown: String,
     root: String,
     /// Only to scrub messages; never shown.
@@ -86,16 +86,16 @@ fn owner_of(data: &[u8], session: i64) -> String {
 }
 
 impl ZookeeperAdmin {
-    /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]` (as
+    /// Connects to `zk://[user:password@]host:port[,host:port...][/chroot]`, or `zks://...`
+    /// over TLS with its `tls_ca` / `tls_cert` / `tls_key` parameters (as
     /// `ZookeeperBackend::connect` parses it; `user:password` is the digest identity the
     /// backend's nodes are created with). The session is checked here.
     pub async fn connect(url: &str) -> Result<ZookeeperAdmin, AdminError> {
-        let (userinfo, hosts) = parse_url(url)
-            .map_err(|e| AdminError::unsupported(format!("cannot use this ZooKeeper URL: {e}")))?;
-        let shown = match &userinfo {
-            Some((user, _)) => format!("zk://{user}@{hosts}"),
-            None => format!("zk://{hosts}"),
+        let unusable = |e: crate::LockError| {
+            AdminError::unsupported(format!("cannot use this ZooKeeper URL: {e}"))
         };
+        let u = parse_url(url).map_err(unusable)?;
+        let (userinfo, hosts, shown) = (u.userinfo.clone(), u.hosts, u.shown());
         let secret = userinfo.as_ref().map(|(_, p)| p.clone());
         let mut connector = zk::Client::connector();
         connector
@@ -107,17 +107,20 @@ impl ZookeeperAdmin {
                 format!("{user}:{password}").into_bytes(),
             );
         }
+        let secure = prepare(&mut connector, u.tls.as_ref()).map_err(unusable)?;
         let what = format!("connecting to {shown}");
         let client = bounded(&what, async {
-            connector.connect(hosts).await.map_err(|e| {
-                let msg = without_secret(format!("{what}: {e}"), secret.as_deref());
-                match e {
-                    // A malformed host list or chroot.
-                    zk::Error::BadArguments(_) => AdminError::unsupported(msg),
-                    // Every other failure to open a session is a connection failure.
-                    _ => AdminError::connect(msg),
-                }
-            })
+            open_client(&mut connector, hosts, secure)
+                .await
+                .map_err(|e| {
+                    let msg = without_secret(format!("{what}: {e}"), secret.as_deref());
+                    match e {
+                        // A malformed host list or chroot.
+                        zk::Error::BadArguments(_) => AdminError::unsupported(msg),
+                        // Every other failure to open a session is a connection failure.
+                        _ => AdminError::connect(msg),
+                    }
+                })
         })
         .await?;
         Ok(ZookeeperAdmin {
