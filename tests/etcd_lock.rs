@@ -688,39 +688,17 @@ async fn tls_with_the_right_ca_locks_and_a_wrong_ca_or_plaintext_is_a_typed_erro
     let b = build(format!("localhost:{tls_port}"), Some(ca_pem.clone()))
         .await
         .expect("TLS by name with the right CA");
-    let g = Lock::new("tls")
-        .with_backend(Arc::new(a.clone()))
-        .ttl(Duration::from_secs(2))
-        .acquire()
-        .await
-        .expect("lock over TLS");
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            Lock::new("tls")
-                .with_backend(Arc::new(b))
-                .wait(Duration::from_secs(10))
-                .acquire()
-                .await
-        })
-    };
-    tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(
-        g.is_valid() && g.lost_reason().is_none(),
-        "{:?}",
-        g.lost_reason()
-    );
-    let token = g.fencing_token();
-    let released = Instant::now();
-    g.release().await.unwrap();
-    let g2 = waiter.await.unwrap().expect("the waiter gets it over TLS");
-    assert!(
-        released.elapsed() < Duration::from_secs(1),
-        "woken {:?} after the release",
-        released.elapsed()
-    );
-    assert!(g2.fencing_token() > token);
-    g2.release().await.unwrap();
+    // Past the lease (renewed over TLS), then handed to the waiter on the other client.
+    common::hold_past_then_hand_over(
+        Arc::new(a.clone()),
+        Arc::new(b.clone()),
+        "tls",
+        Duration::from_secs(2),
+        Duration::from_secs(3),
+        Duration::from_secs(1),
+        |g| async { g },
+    )
+    .await;
 
     let other_ca = new_ca("some other CA");
     for (who, ep, pem) in [

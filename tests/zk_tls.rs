@@ -95,55 +95,30 @@ async fn tls_right_ca_locks_hands_over_and_admin_reads_over_the_tls_port_only() 
     let (b, _) = bounded("zks:// URL", ZookeeperBackend::connect(&url)).await;
     let b = b.expect("zks:// by name with tls_ca");
 
-    let g = Lock::new("zk-tls")
-        .with_backend(Arc::new(a.clone()))
-        .ttl(Duration::from_secs(30))
-        .acquire()
-        .await
-        .expect("lock over TLS");
-    let waiter = {
-        let b = b.clone();
-        tokio::spawn(async move {
-            Lock::new("zk-tls")
-                .with_backend(Arc::new(b))
-                .wait(Duration::from_secs(20))
-                .acquire()
-                .await
-        })
-    };
     // Past the session timeout: the session lives on over TLS (pings), the hold stays.
-    tokio::time::sleep(SESSION + Duration::from_secs(1)).await;
-    assert!(
-        g.is_valid() && g.lost_reason().is_none(),
-        "{:?}",
-        g.lost_reason()
-    );
-    // The operator's view through the same URL.
-    let (adm, _) = bounded("admin over zks://", dlock::admin::connect(&url)).await;
-    let adm = adm.expect("admin over zks://");
-    assert!(adm.target().starts_with("zks://"), "{}", adm.target());
-    let info = adm
-        .show("zk-tls")
-        .await
-        .expect("admin show over TLS")
-        .expect("held");
-    assert_eq!(info.token, Some(g.fencing_token()));
-    assert_eq!(info.waiters, Some(1), "{info:?}");
-    let token = g.fencing_token();
-    let released = Instant::now();
-    g.release().await.unwrap();
-    let g2 = tokio::time::timeout(Duration::from_secs(20), waiter)
-        .await
-        .expect("waiter hangs")
-        .unwrap()
-        .expect("the waiter gets the lock over TLS");
-    assert!(
-        released.elapsed() < Duration::from_secs(2),
-        "woken {:?} after the release",
-        released.elapsed()
-    );
-    assert!(g2.fencing_token() > token);
-    g2.release().await.unwrap();
+    common::hold_past_then_hand_over(
+        Arc::new(a.clone()),
+        Arc::new(b.clone()),
+        "zk-tls",
+        Duration::from_secs(30),
+        SESSION + Duration::from_secs(1),
+        Duration::from_secs(2),
+        |g| async {
+            // The operator's view through the same URL.
+            let (adm, _) = bounded("admin over zks://", dlock::admin::connect(&url)).await;
+            let adm = adm.expect("admin over zks://");
+            assert!(adm.target().starts_with("zks://"), "{}", adm.target());
+            let info = adm
+                .show("zk-tls")
+                .await
+                .expect("admin show over TLS")
+                .expect("held");
+            assert_eq!(info.token, Some(g.fencing_token()));
+            assert_eq!(info.waiters, Some(1), "{info:?}");
+            g
+        },
+    )
+    .await;
 
     // Plain text on the TLS port: a typed error within the bound (the URL form too).
     assert_refused(

@@ -32,6 +32,62 @@ pub mod sql;
 #[cfg(any(feature = "tls", feature = "postgres-tls", feature = "mysql-tls"))]
 pub mod tls;
 
+/// A hold on `a` (lease `ttl`) kept for `past` (longer than its lease or session timeout, so
+/// only renewal keeps it) with a waiter on `b` queued behind it; `during(&guard)` runs before
+/// the release. The waiter must get the lock within `woken` of the release, with a larger
+/// token. Used by the TLS tests of the session engines to show the whole path works over TLS.
+pub async fn hold_past_then_hand_over<F, Fut>(
+    a: Arc<dyn Backend>,
+    b: Arc<dyn Backend>,
+    name: &str,
+    ttl: Duration,
+    past: Duration,
+    woken: Duration,
+    during: F,
+) where
+    F: FnOnce(dlock::LockGuard) -> Fut,
+    Fut: std::future::Future<Output = dlock::LockGuard>,
+{
+    let g = Lock::new(name)
+        .with_backend(a)
+        .ttl(ttl)
+        .acquire()
+        .await
+        .expect("the first hold");
+    let waiter = {
+        let name = name.to_string();
+        tokio::spawn(async move {
+            Lock::new(name)
+                .with_backend(b)
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+        })
+    };
+    tokio::time::sleep(past).await;
+    assert!(
+        g.is_valid() && g.lost_reason().is_none(),
+        "the hold did not outlive {past:?}: {:?}",
+        g.lost_reason()
+    );
+    let g = during(g).await;
+    let token = g.fencing_token();
+    let released = Instant::now();
+    g.release().await.unwrap();
+    let g2 = tokio::time::timeout(Duration::from_secs(25), waiter)
+        .await
+        .expect("the waiter hangs")
+        .unwrap()
+        .expect("the waiter gets the lock");
+    assert!(
+        released.elapsed() < woken,
+        "woken {:?} after the release",
+        released.elapsed()
+    );
+    assert!(g2.fencing_token() > token);
+    g2.release().await.unwrap();
+}
+
 // ---------------------------------------------------------------------------------------------
 // Spawning children
 // ---------------------------------------------------------------------------------------------

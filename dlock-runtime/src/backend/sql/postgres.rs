@@ -445,8 +445,8 @@ impl PostgresBackendBuilder {
     /// table's schema ([`postgres_functions_sql`]) instead of being sent whole. PL/pgSQL plans
     /// a function's statements once per server session and keeps the plans, so the planning
     /// that [`PostgresBackendBuilder::prepared_statements`] saves is saved here too, and this
-    /// works **behind any pooler**: a call is an unnamed `SELECT * FROM
-    /// <table>_acquire_v1($1, $2, $3)`, valid in whatever server session runs it. The
+    /// works **behind any pooler**: a call is an unnamed
+    /// `SELECT * FROM <table>_acquire_v1($1, $2, $3)`, valid in whatever server session runs it. The
     /// statements and their guarantees are the same.
     ///
     /// * Not called (the default): the functions are used when they exist or can be created
