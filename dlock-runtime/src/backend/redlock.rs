@@ -153,7 +153,7 @@ impl RedlockBuilder {
                 Ok(Ok(id)) => {
                     {
                         let mut st = n.lock_state();
-                        st.conn_names.insert(conn_name, id.clone());
+                        st.remember_conn(conn_name, id.clone());
                         st.run_id = Some(id);
                     }
                     let _ = tokio::time::timeout(t, n.backend.load_scripts()).await;
@@ -230,8 +230,8 @@ struct NodeState {
     conn_names: HashMap<String, String>,
 }
 
-/// Connection names kept per node; beyond this (many runtimes, many reconnects) the oldest
-/// are forgotten, and a connection with a forgotten name is simply named again.
+/// Connection names kept per node; beyond this (many runtimes, many reconnects) all are
+/// forgotten, and each live connection is named again at its next call.
 const MAX_CONN_NAMES: usize = 64;
 
 /// A name for a new data connection to a node, unique in this process.
@@ -245,6 +245,14 @@ fn new_conn_name() -> String {
 }
 
 impl NodeState {
+    /// Remembers that the connection named `name` reached the process with this `run_id`.
+    fn remember_conn(&mut self, name: String, run_id: String) {
+        if self.conn_names.len() >= MAX_CONN_NAMES {
+            self.conn_names.clear();
+        }
+        self.conn_names.insert(name, run_id);
+    }
+
     /// True when the node is out of its restart exclusion at `now`.
     fn counts_now(&mut self, now: Instant) -> bool {
         match self.excluded_until {
@@ -414,13 +422,7 @@ impl Inner {
         let name = new_conn_name();
         match backend.name_data_conn(&name).await {
             Ok(id) => {
-                {
-                    let mut st = self.nodes[i].lock_state();
-                    if st.conn_names.len() >= MAX_CONN_NAMES {
-                        st.conn_names.clear();
-                    }
-                    st.conn_names.insert(name, id.clone());
-                }
+                self.nodes[i].lock_state().remember_conn(name, id.clone());
                 self.note_run_id(i, id)
             }
             Err(_) => false,

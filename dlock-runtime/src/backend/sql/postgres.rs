@@ -245,10 +245,12 @@ const FUNCTIONS_VERSION: u32 = 1;
 /// REPLACE`).
 pub fn postgres_functions_sql(table: &str) -> Result<String, LockError> {
     check_table(table)?;
-    Ok(functions(table).ddl)
+    Ok(functions(table, true).ddl)
 }
 
-fn functions(table: &str) -> Functions {
+/// The server functions of `table`, and the calls a backend sends: the `_nf` forms when its
+/// grants do not wait for the flush (`durable` false).
+fn functions(table: &str, durable: bool) -> Functions {
     let channel = channel_of(table);
     let v = FUNCTIONS_VERSION;
     let (acquire_d, extend_d) = grant_statements(table, true);
@@ -256,59 +258,43 @@ fn functions(table: &str) -> Functions {
     let release = release_statement(table, &channel);
     // Result columns are named r_*, unlike any table column, so no name in the bodies is
     // ambiguous between a column and an output parameter.
+    let grant_args = "bytea, text, bigint";
     let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
-    let f = |name: &str, args: &str, ret: &str, body: &str| {
-        format!(
-            "CREATE OR REPLACE FUNCTION {table}_{name}_v{v}({args}) RETURNS TABLE ({ret}) \
-             LANGUAGE plpgsql AS $dlock$ BEGIN RETURN QUERY {body}; END $dlock$;\n"
-        )
-    };
-    let ddl = [
-        f("acquire", "bytea, text, bigint", acquire_ret, &acquire_d),
-        f(
-            "acquire_nf",
-            "bytea, text, bigint",
-            acquire_ret,
-            &acquire_nf,
-        ),
-        f(
+    let defs: [(&str, &str, &str, &str); 5] = [
+        ("acquire", grant_args, acquire_ret, &acquire_d),
+        ("acquire_nf", grant_args, acquire_ret, &acquire_nf),
+        (
             "release",
             "bytea, text, boolean, bigint",
             "r_remaining integer, r_notified text",
             &release,
         ),
-        f("extend", "bytea, text, bigint", "r_one integer", &extend_d),
-        f(
-            "extend_nf",
-            "bytea, text, bigint",
-            "r_one integer",
-            &extend_nf,
-        ),
-    ]
-    .concat();
-    let names = ["acquire", "acquire_nf", "release", "extend", "extend_nf"];
-    let args = [
-        "bytea,text,bigint",
-        "bytea,text,bigint",
-        "bytea,text,boolean,bigint",
-        "bytea,text,bigint",
-        "bytea,text,bigint",
+        ("extend", grant_args, "r_one integer", &extend_d),
+        ("extend_nf", grant_args, "r_one integer", &extend_nf),
     ];
-    let exist = format!(
-        "SELECT {}",
-        names
-            .iter()
-            .zip(args)
-            .map(|(n, a)| format!("to_regprocedure('{table}_{n}_v{v}({a})') IS NOT NULL"))
-            .collect::<Vec<_>>()
-            .join(" AND ")
-    );
+    let ddl = defs
+        .iter()
+        .map(|(name, args, ret, body)| {
+            format!(
+                "CREATE OR REPLACE FUNCTION {table}_{name}_v{v}({args}) RETURNS TABLE ({ret}) \
+                 LANGUAGE plpgsql AS $dlock$ BEGIN RETURN QUERY {body}; END $dlock$;\n"
+            )
+        })
+        .collect();
+    let exist = defs
+        .iter()
+        .map(|(name, args, _, _)| {
+            format!("to_regprocedure('{table}_{name}_v{v}({args})') IS NOT NULL")
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist,
-        acquire: format!("SELECT * FROM {table}_acquire_v{v}($1, $2, $3)"),
+        exist: format!("SELECT {exist}"),
+        acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
-        extend: format!("SELECT * FROM {table}_extend_v{v}($1, $2, $3)"),
+        extend: format!("SELECT * FROM {table}_extend{nf}_v{v}($1, $2, $3)"),
     }
 }
 
@@ -319,12 +305,7 @@ impl Sql {
         let channel = channel_of(table);
         let (acquire, extend) = grant_statements(table, durable);
         let release = release_statement(table, &channel);
-        let mut functions = functions(table);
-        if !durable {
-            let v = FUNCTIONS_VERSION;
-            functions.acquire = format!("SELECT * FROM {table}_acquire_nf_v{v}($1, $2, $3)");
-            functions.extend = format!("SELECT * FROM {table}_extend_nf_v{v}($1, $2, $3)");
-        }
+        let functions = functions(table, durable);
         // Rows idle this long can be deleted: a statement that took a sequence number before the
         // deletion is long dead (statement_timeout), so tokens still follow the grant order.
         let sweep = format!(
