@@ -251,6 +251,11 @@ fn checker_classifies_overlaps() {
     let b = || hold("b", 2, 20 * MS, 200 * MS, vec![op("fread", true, 21 * MS)]);
     let class = |ops| analyse(vec![a(ops), b()]).overlaps[0].class;
     assert_eq!(class(vec![op("uwrite", true, 15 * MS)]), OverlapClass::Lost);
+    // Sent at 15 ms and never answered (the body was cancelled or the process died with the
+    // write on its way): it may have landed inside b's hold.
+    let mut unanswered = op("uwrite", true, 15 * MS);
+    unanswered.t_done = checker::NO_REPLY;
+    assert_eq!(class(vec![unanswered]), OverlapClass::UnnoticedUnfenced);
     assert_eq!(
         class(vec![op("fwrite", false, 30 * MS)]),
         OverlapClass::Fenced

@@ -740,6 +740,13 @@ async fn body(
         return invalid(mono());
     }
     let (t, dl) = (mono(), deadline_of(g));
+    // Logged before sending: if this future is dropped (the lease was lost and the body
+    // cancelled) or the process dies with the write on its way, the checker still knows that a
+    // write may have been applied after `t`.
+    ctx.log.line(
+        json!({"ev": "sent", "task": task, "seq": seq, "kind": "uwrite",
+        "fenced": false, "t": t}),
+    );
     let r: redis::RedisResult<i64> = redis::Script::new(UWRITE)
         .key(U_COUNTER)
         .key(U_LOG)
