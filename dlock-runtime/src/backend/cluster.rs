@@ -552,10 +552,15 @@ impl ClusterBackend {
         };
         // The shared connection connects in the background and keeps only "No connections
         // found" when no seed answers; one eager connection attempt tells why (a refused
-        // certificate, a wrong password, a closed port).
-        let cause = match self.inner.data_client.get_async_connection().await {
-            Err(cause) => format!(" ({cause})"),
-            Ok(_) => String::new(),
+        // certificate, a wrong password, a closed port). Bounded on its own too: it runs after
+        // the failed ping, on the error path of `connect`.
+        let attempt = tokio::time::timeout(
+            Duration::from_secs(5),
+            self.inner.data_client.get_async_connection(),
+        );
+        let cause = match attempt.await {
+            Ok(Err(cause)) => format!(" ({cause})"),
+            Ok(Ok(_)) | Err(_) => String::new(),
         };
         Err(LockError::Backend {
             key: String::new(),
