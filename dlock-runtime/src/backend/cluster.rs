@@ -197,10 +197,8 @@ impl ClusterBackendBuilder {
             ));
         }
         #[cfg(feature = "tls")]
-        if self.urls.iter().any(|u| u.starts_with("rediss://"))
-            && rustls::crypto::CryptoProvider::get_default().is_none()
-        {
-            let _ = rustls::crypto::ring::default_provider().install_default();
+        if self.urls.iter().any(|u| u.starts_with("rediss://")) {
+            super::ensure_crypto_provider();
         }
         let data_client = self.client(ProtocolVersion::RESP2)?;
         let pubsub_client = self.client(ProtocolVersion::RESP3)?;

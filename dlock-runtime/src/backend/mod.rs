@@ -162,3 +162,14 @@ mod tests {
         assert!(e.contains("password") && !e.contains("%ff"), "{e}");
     }
 }
+
+/// Installs ring's rustls crypto provider as the process default when none is installed yet:
+/// redis-rs, mysql_async and zookeeper-client build their TLS configs from the process default
+/// and have none of their own. An application's own choice, made earlier, wins, and losing a
+/// race to another installer is fine (a provider is then installed either way).
+#[cfg(any(feature = "tls", feature = "mysql-tls"))]
+pub(crate) fn ensure_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}

@@ -112,14 +112,11 @@ impl RedisBackendBuilder {
     /// Checks the URL without connecting; connections are made on first use.
     pub fn build(self) -> Result<RedisBackend, LockError> {
         let redacted = redact_url(&self.url);
+        // redis-rs builds its rustls config from the process-default provider and has none of
+        // its own.
         #[cfg(feature = "tls")]
-        if self.url.starts_with("rediss://")
-            && rustls::crypto::CryptoProvider::get_default().is_none()
-        {
-            // redis-rs builds its rustls config from the process-default provider and has none
-            // of its own; install ring's once. An application's own choice, made earlier, wins
-            // (install_default then fails and is ignored).
-            let _ = rustls::crypto::ring::default_provider().install_default();
+        if self.url.starts_with("rediss://") {
+            super::ensure_crypto_provider();
         }
         let client = redis::IntoConnectionInfo::into_connection_info(self.url.as_str())
             .and_then(|info| self.open_client(info))

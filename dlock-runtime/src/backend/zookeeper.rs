@@ -140,10 +140,7 @@ pub(crate) fn prepare(
 ) -> Result<bool, LockError> {
     #[cfg(feature = "tls")]
     {
-        if rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Losing a race to another installer is fine: a provider is then installed.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
+        super::ensure_crypto_provider();
         if let Some(t) = tls {
             connector.tls(t.options()?);
             return Ok(true);

@@ -206,11 +206,8 @@ impl MysqlBackendBuilder {
                 }
                 roots.push(pem.into());
             }
-            // mysql_async builds its rustls config from the process-default crypto provider;
-            // install ring's once (an application's own earlier choice wins).
-            if rustls::crypto::CryptoProvider::get_default().is_none() {
-                let _ = rustls::crypto::ring::default_provider().install_default();
-            }
+            // mysql_async builds its rustls config from the process-default crypto provider.
+            crate::backend::ensure_crypto_provider();
             Ok(Some(base.with_root_certs(roots)))
         }
     }
