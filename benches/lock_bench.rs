@@ -542,6 +542,33 @@ fn w1(url: &str, scale: f64, rounds: usize, t: &mut Table) {
     );
 }
 
+/// W1 for instruction counts: only one variant (`DLOCK_BENCH_ONLY` = `raw`, `dlock` or `rslock`),
+/// `DLOCK_BENCH_PAIRS` pairs after 200 of warm-up, no `INFO` reads and no table. Run it twice
+/// under `valgrind --tool=callgrind` with two pair counts; the difference of the totals divided
+/// by the difference of the counts is the client's instructions per pair (the server is a child
+/// process, not traced).
+fn w1_only(url: &str, only: &str, pairs: usize) {
+    let rt = current_thread();
+    rt.block_on(async {
+        let mut con = manager(url).await;
+        let sha = load_scripts(&mut con).await;
+        let keys = dlock::redis_keys("bench:w1:raw");
+        let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(url).await.unwrap());
+        let mgr = rslock::LockManager::new(vec![url]);
+        for i in 0..200 + pairs {
+            if i == 200 {
+                println!("W1 {only}: {pairs} pairs after 200 of warm-up");
+            }
+            match only {
+                "raw" => raw_pair(&mut con, &sha, &keys, RAW_OWNER).await,
+                "dlock" => dlock_pair(&backend, "bench:w1:dlk").await,
+                "rslock" => rslock_pair(&mgr, "bench:w1:rsl").await,
+                other => panic!("DLOCK_BENCH_ONLY={other}: expected raw, dlock or rslock"),
+            }
+        }
+    });
+}
+
 fn verdict(checks: &[(&str, bool)]) -> String {
     checks
         .iter()
@@ -1226,6 +1253,10 @@ fn main() {
         "Baselines use a redis::aio::ConnectionManager made in the same runtime with dlock's default timeouts; dlock's Redis backend uses one ConnectionManager (plus a RESP3 pub/sub one) per runtime; rslock uses one MultiplexedConnection per LockManager."
     );
     println!();
+    if let Ok(only) = std::env::var("DLOCK_BENCH_ONLY") {
+        w1_only(&url, &only, env_f64("DLOCK_BENCH_PAIRS", 2000.0) as usize);
+        return;
+    }
     let mut t = Table::default();
     if on("w1") {
         w1(&url, scale, rounds, &mut t);

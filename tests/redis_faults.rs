@@ -307,6 +307,58 @@ async fn token_after_restart_without_persistence_is_larger() {
     g.release().await.unwrap();
 }
 
+/// A server whose script cache was emptied (`SCRIPT FLUSH`; a restart does the same) answers
+/// `NOSCRIPT` to the backend's `EVALSHA`s: each call loads its script and is sent again, so
+/// acquire, extend and release go on working with no error reaching the caller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_load_their_script_again_after_the_cache_is_flushed() {
+    let env = Env::redis().await;
+    let mut admin = env.server().admin_async().await;
+    let flush = |mut a: redis::aio::MultiplexedConnection| async move {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut a)
+            .await
+            .unwrap();
+        a
+    };
+    let loaded = |mut a: redis::aio::MultiplexedConnection| async move {
+        let shas = [
+            include_str!("../dlock-runtime/src/scripts/acquire.lua"),
+            include_str!("../dlock-runtime/src/scripts/release.lua"),
+            include_str!("../dlock-runtime/src/scripts/extend.lua"),
+        ]
+        .map(|code| redis::Script::new(code).get_hash().to_string());
+        let r: Vec<bool> = redis::cmd("SCRIPT")
+            .arg("EXISTS")
+            .arg(&shas[..])
+            .query_async(&mut a)
+            .await
+            .unwrap();
+        (a, r)
+    };
+    let g = env.lock("noscript").acquire().await.unwrap();
+    admin = flush(admin).await;
+    g.extend(Duration::from_secs(20)).await.unwrap();
+    admin = flush(admin).await;
+    g.release().await.unwrap();
+    admin = flush(admin).await;
+    let (admin, before) = loaded(admin).await;
+    assert_eq!(
+        before,
+        vec![false, false, false],
+        "the flush did not empty the cache"
+    );
+    let g = env.lock("noscript").acquire().await.unwrap();
+    g.extend(Duration::from_secs(20)).await.unwrap();
+    g.release().await.unwrap();
+    let (_, after) = loaded(admin).await;
+    assert_eq!(after, vec![true, true, true], "each call loads its script");
+    let other = env.lock("noscript").acquire().await.unwrap();
+    assert!(other.fencing_token() > 0);
+    other.release().await.unwrap();
+}
+
 /// A fence value ahead of the server clock (a server whose clock stepped back, or tokens minted
 /// faster than one per µs) still yields strictly increasing tokens: `last + 1`, not TIME.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

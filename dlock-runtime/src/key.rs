@@ -29,6 +29,11 @@ pub(crate) fn validate(name: &str) -> Result<(), LockError> {
 }
 
 fn escape_into(out: &mut String, name: &str) {
+    // Most names have nothing to escape: copy them whole.
+    if !name.bytes().any(|b| matches!(b, b'\\' | b'{' | b'}')) {
+        out.push_str(name);
+        return;
+    }
     for c in name.chars() {
         match c {
             '\\' => out.push_str("\\\\"),
@@ -38,6 +43,28 @@ fn escape_into(out: &mut String, name: &str) {
         }
     }
 }
+
+/// The lock key `dlock:{E}` of `name` (see [`redis_keys`]).
+pub(crate) fn lock_key(name: &str) -> String {
+    let mut lock = String::with_capacity(name.len() + 8);
+    lock.push_str("dlock:{");
+    escape_into(&mut lock, name);
+    lock.push('}');
+    lock
+}
+
+/// `lock` followed by `suffix` (`:fence`, `:rel`).
+pub(crate) fn suffixed(lock: &str, suffix: &str) -> String {
+    let mut s = String::with_capacity(lock.len() + suffix.len());
+    s.push_str(lock);
+    s.push_str(suffix);
+    s
+}
+
+/// Suffix of the fence key after the lock key.
+pub(crate) const FENCE_SUFFIX: &str = ":fence";
+/// Suffix of the release channel after the lock key.
+pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
 
 /// The Redis names of one lock, built by the rule of [`redis_keys`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -76,12 +103,9 @@ pub struct RedisKeys {
 /// assert_eq!(dlock_runtime::redis_keys("a}b").lock, "dlock:{a\\)b}");
 /// ```
 pub fn redis_keys(name: &str) -> RedisKeys {
-    let mut lock = String::with_capacity(name.len() + 8);
-    lock.push_str("dlock:{");
-    escape_into(&mut lock, name);
-    lock.push('}');
-    let fence = format!("{lock}:fence");
-    let channel = format!("{lock}:rel");
+    let lock = lock_key(name);
+    let fence = suffixed(&lock, FENCE_SUFFIX);
+    let channel = suffixed(&lock, CHANNEL_SUFFIX);
     RedisKeys {
         lock,
         fence,

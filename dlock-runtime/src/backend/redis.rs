@@ -22,7 +22,7 @@ use tokio::time::Instant;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 
 pub(crate) mod admin;
-use crate::key::redis_keys;
+use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
 use crate::{LockError, scripts};
 
@@ -847,14 +847,16 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
-            let r: Value = scripts::ACQUIRE
-                .key(&keys.lock)
-                .key(&keys.fence)
+            let lock = key::lock_key(name);
+            let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
+            let mut cmd =
+                scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
+            cmd.arg(&lock)
+                .arg(&fence)
                 .arg(owner)
                 .arg(ms(ttl))
-                .arg(ms(ttl + FENCE_GRACE))
-                .invoke_async(&mut con)
+                .arg(ms(ttl + FENCE_GRACE));
+            let r: Value = scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
             scripts::acquire_reply(&r).ok_or_else(|| {
@@ -875,15 +877,17 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
+            let lock = key::lock_key(name);
+            let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
             let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let r: i64 = scripts::RELEASE
-                .key(&keys.lock)
+            let mut cmd =
+                scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
+            cmd.arg(&lock)
                 .arg(owner)
                 .arg(keep)
-                .arg(&keys.channel)
-                .arg(if all { 1 } else { 0 })
-                .invoke_async(&mut con)
+                .arg(&channel)
+                .arg(if all { 1 } else { 0 });
+            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
             Ok(match r {
@@ -902,12 +906,10 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
-            let r: i64 = scripts::EXTEND
-                .key(&keys.lock)
-                .arg(owner)
-                .arg(ms(ttl))
-                .invoke_async(&mut con)
+            let lock = key::lock_key(name);
+            let mut cmd = scripts::evalsha(&scripts::EXTEND, 1, 3, lock.len() + owner.len() + 20);
+            cmd.arg(&lock).arg(owner).arg(ms(ttl));
+            let r: i64 = scripts::run(&scripts::EXTEND, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
             Ok(if r == 1 {

@@ -17,6 +17,34 @@ pub(crate) static RELEASE: LazyLock<Script> =
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
 
+/// An `EVALSHA` of `script` with room for `args` (keys and arguments, after the key count)
+/// totalling about `bytes`: one buffer sized once, instead of redis-rs's `ScriptInvocation`,
+/// which copies every argument twice (its own list, then the command) and grows the command's
+/// buffer as it goes. Send it with [`run`].
+pub(crate) fn evalsha(script: &Script, nkeys: usize, args: usize, bytes: usize) -> redis::Cmd {
+    let hash = script.get_hash();
+    let mut cmd = redis::Cmd::with_capacity(3 + args, 7 + hash.len() + 1 + bytes);
+    cmd.arg("EVALSHA").arg(hash).arg(nkeys);
+    cmd
+}
+
+/// Sends an [`evalsha`] command; a `NOSCRIPT` answer (a server whose script cache was emptied
+/// by a restart or `SCRIPT FLUSH`) loads `script` and sends the command again, as redis-rs's
+/// `ScriptInvocation::invoke_async` does.
+pub(crate) async fn run<T: redis::FromRedisValue>(
+    script: &Script,
+    cmd: &redis::Cmd,
+    con: &mut impl redis::aio::ConnectionLike,
+) -> redis::RedisResult<T> {
+    match cmd.query_async(con).await {
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load_async(con).await?;
+            cmd.query_async(con).await
+        }
+        r => r,
+    }
+}
+
 /// The acquire script's reply (see the header of `acquire.lua`): a bulk string token for a
 /// first acquisition, `[token, count]` for a re-entry, an integer (the remaining lease in ms,
 /// -1 without expiry) when another owner holds the lock. `None` for anything else.
