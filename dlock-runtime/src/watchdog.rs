@@ -39,7 +39,16 @@ struct State {
     queue: BTreeMap<Key, Arc<Hold>>,
     /// When the driver task wakes next (`None`: only when notified).
     target: Option<Instant>,
+    /// Whether a hold was queued since the driver last woke.
+    queued_since_wake: bool,
 }
+
+/// How long the driver sleeps with an empty queue while holds keep coming and going. A hold
+/// queued within it (its first event is a renewal, ttl/3 away, or its deadline) is due after
+/// the driver wakes, so queueing it needs no wake-up: back-to-back short holds (each released
+/// before the driver runs) do not wake the driver once per hold. After a quiet period the driver
+/// sleeps until notified.
+const IDLE_WAKE: Duration = Duration::from_secs(1);
 
 /// A hold's place in its driver's queue.
 #[derive(Debug)]
@@ -170,6 +179,7 @@ fn schedule(hold: &Arc<Hold>, at: Instant) {
         st.queue.remove(&old);
     }
     st.queue.insert(key, hold.clone());
+    st.queued_since_wake = true;
     if st.target.is_none_or(|t| at < t) {
         st.target = Some(at);
         d.notify.notify_one();
@@ -188,7 +198,14 @@ async fn run(d: Arc<Driver>) {
                     *lock(&slot.key) = None;
                 }
             }
-            st.target = st.queue.keys().next().map(|k| k.0);
+            st.target = match st.queue.keys().next() {
+                Some(k) => Some(k.0),
+                // Empty while holds come and go: wake again soon instead of being notified
+                // by the next one; empty after a quiet period: sleep until notified.
+                None if st.queued_since_wake => now.checked_add(IDLE_WAKE),
+                None => None,
+            };
+            st.queued_since_wake = false;
             (due, st.target)
         };
         for h in due.into_values() {
