@@ -42,9 +42,12 @@ use std::time::Duration;
 
 use super::{DEFAULT_TABLE, check_table};
 use crate::admin::{
-    Admin, AdminError, ForceReleased, Holder, Listing, LockEvent, LockInfo, Seen, Snapshot,
-    Watching, bounded, same_hold, spawn_poll_watch, still_held,
+    Admin, AdminError, ForceReleased, Holder, Listing, LockInfo, Seen, Snapshot, Watching, bounded,
+    spawn_poll_watch, still_held,
 };
+// Used by the PostgreSQL admin only (its NOTIFY-driven watch and advisory-lock force release).
+#[cfg(feature = "postgres")]
+use crate::admin::{LockEvent, same_hold};
 use crate::backend::BoxFuture;
 
 /// How often a watch reads the lock table.
