@@ -14,9 +14,10 @@
 //! DLOCK_BENCH_ROUNDS=5 DLOCK_BENCH_PAIRS=200 cargo bench --bench cluster_bench --features cluster
 //! ```
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -25,91 +26,25 @@ use dlock::{
     Acquired, Backend, BoxFuture, ClusterBackend, Extended, Lock, LockError, RedisBackend,
     Released, Watch,
 };
+use redis_server::Server;
 
 const W2_TASKS: usize = 64;
 const W3_TASKS: usize = 16;
 const W3_ACQUISITIONS: usize = 1_000;
 const W3_LIMIT: Duration = Duration::from_secs(60);
 
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start(extra: &[&str]) -> Server {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("no free loopback port")
-            .port();
-        let dir = std::env::temp_dir().join(format!("dlock-clbench-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("cannot create the server's directory");
-        let mut cmd = Command::new("redis-server");
-        cmd.args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--loglevel", "warning"])
-            .arg("--dir")
-            .arg(&dir)
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start redis-server ({e}); install redis-server"));
-        let server = Server { child, port, dir };
-        let client = redis::Client::open(server.url()).unwrap();
-        let started = Instant::now();
-        loop {
-            if let Ok(mut c) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {port} did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 fn start_cluster() -> Vec<Server> {
     let nodes: Vec<Server> = (0..3)
         .map(|_| {
-            Server::start(&[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-            ])
+            Server::start(
+                "clbench",
+                &[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ],
+            )
         })
         .collect();
     let out = Command::new("redis-cli")
@@ -300,7 +235,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(100);
-    let single = Server::start(&[]);
+    let single = Server::start("clbench", &[]);
     let cluster = start_cluster();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

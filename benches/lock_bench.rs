@@ -20,17 +20,18 @@
 //! acquisitions; `DLOCK_BENCH_ROUNDS` (default 5) sets the interleaved rounds of W1/W2/W4;
 //! `REDIS_SERVER` names the redis-server binary (default: `redis-server` on the PATH).
 
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use dlock::{Backend, Lock, LockError, MemoryBackend, RedisBackend};
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use redis_server::Server;
 use tokio::runtime::Runtime;
 
 const ACQUIRE_LUA: &str = include_str!("../dlock-runtime/src/scripts/acquire.lua");
@@ -49,94 +50,6 @@ const W2_TASKS: usize = 64;
 // ---------------------------------------------------------------------------------------------
 // The private redis-server
 // ---------------------------------------------------------------------------------------------
-
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-    version: String,
-}
-
-impl Server {
-    fn start() -> Server {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("no free loopback port")
-            .port();
-        let dir = std::env::temp_dir().join(format!("dlock-bench-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("cannot create the server's directory");
-        let mut cmd = Command::new(&bin);
-        cmd.args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--daemonize", "no"])
-            .args(["--loglevel", "warning"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        #[cfg(target_os = "linux")]
-        {
-            use std::os::unix::process::CommandExt;
-            // The server dies with this process even when it is killed before Drop runs.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd.spawn().unwrap_or_else(|e| {
-            panic!("cannot start `{bin}` ({e}); install redis-server or set REDIS_SERVER")
-        });
-        let version = Command::new(&bin)
-            .arg("--version")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8(o.stdout).ok())
-            .and_then(|s| {
-                s.split_whitespace()
-                    .find_map(|w| w.strip_prefix("v=").map(str::to_string))
-            })
-            .unwrap_or_else(|| "unknown".into());
-        let server = Server {
-            child,
-            port,
-            dir,
-            version,
-        };
-        let client = redis::Client::open(server.url()).unwrap();
-        let started = Instant::now();
-        loop {
-            if let Ok(mut c) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {port} did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -1240,14 +1153,15 @@ fn main() {
     let scale = env_f64("DLOCK_BENCH_SCALE", 1.0);
     let rounds = env_f64("DLOCK_BENCH_ROUNDS", 5.0) as usize;
     let started = Instant::now();
-    let server = Server::start();
+    let server = Server::start("bench", &[]);
     let url = server.url();
     let cores = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(0);
     println!(
         "dlock lock_bench: redis-server {} on 127.0.0.1:{} (--save \"\" --appendonly no), {cores} cores, scale {scale}, {rounds} rounds",
-        server.version, server.port
+        Server::version(),
+        server.port
     );
     println!(
         "Baselines use a redis::aio::ConnectionManager made in the same runtime with dlock's default timeouts; dlock's Redis backend uses one ConnectionManager (plus a RESP3 pub/sub one) per runtime; rslock uses one MultiplexedConnection per LockManager."

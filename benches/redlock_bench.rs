@@ -10,82 +10,13 @@
 //! DLOCK_BENCH_ROUNDS=9 DLOCK_BENCH_PAIRS=2000 cargo bench --bench redlock_bench
 //! ```
 
-use std::net::TcpListener;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+#[path = "common/redis_server.rs"]
+mod redis_server;
+
 use std::time::{Duration, Instant};
 
 use dlock::{Backend, RedisBackend, RedlockBackend};
-
-struct Server {
-    child: Child,
-    port: u16,
-    dir: PathBuf,
-}
-
-impl Server {
-    fn start() -> Server {
-        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
-        let port = TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("no free loopback port")
-            .port();
-        let dir = std::env::temp_dir().join(format!("dlock-rlbench-{}-{port}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("cannot create the server's directory");
-        let mut cmd = Command::new(&bin);
-        cmd.args(["--port", &port.to_string()])
-            .args(["--bind", "127.0.0.1"])
-            .args(["--save", ""])
-            .args(["--appendonly", "no"])
-            .args(["--loglevel", "warning"])
-            .arg("--dir")
-            .arg(&dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit());
-        {
-            use std::os::unix::process::CommandExt;
-            // SAFETY: prctl is async-signal-safe.
-            unsafe {
-                cmd.pre_exec(|| {
-                    libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                    Ok(())
-                });
-            }
-        }
-        let child = cmd
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start `{bin}` ({e}); install redis-server"));
-        let server = Server { child, port, dir };
-        let client = redis::Client::open(server.url()).unwrap();
-        let started = Instant::now();
-        loop {
-            if let Ok(mut c) = client.get_connection()
-                && redis::cmd("PING").query::<String>(&mut c).is_ok()
-            {
-                break;
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(10),
-                "redis-server on port {port} did not come up"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        server
-    }
-
-    fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
+use redis_server::Server;
 
 /// `pairs` acquire + release pairs on distinct free keys; the latency of each pair.
 async fn pairs(b: &dyn Backend, tag: &str, pairs: usize) -> Vec<Duration> {
@@ -161,7 +92,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(500);
-    let servers: Vec<Server> = (0..5).map(|_| Server::start()).collect();
+    let servers: Vec<Server> = (0..5).map(|_| Server::start("rlbench", &[])).collect();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

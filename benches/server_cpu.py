@@ -88,4 +88,5 @@ def main():
     finally:
         srv.kill(); srv.wait()
 
-main()
+if __name__ == '__main__':
+    main()

@@ -24,32 +24,9 @@ SCRIPTS = 'dlock-runtime/src/scripts'
 N = int(sys.argv[1]) if len(sys.argv) > 1 else 4000
 REVS = sys.argv[2:]
 
-MIN_ACQ = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('HSET', KEYS[1], ARGV[1], 1); redis.call('PEXPIRE', KEYS[1], ARGV[2]); return nil
-end
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
-  redis.call('HINCRBY', KEYS[1], ARGV[1], 1); redis.call('PEXPIRE', KEYS[1], ARGV[2]); return nil
-end
-return redis.call('PTTL', KEYS[1])"""
-MIN_REL = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return nil end
-local c = redis.call('HINCRBY', KEYS[1], ARGV[1], -1)
-if c > 0 then redis.call('PEXPIRE', KEYS[1], ARGV[2]); return 0 end
-redis.call('DEL', KEYS[1]); redis.call('PUBLISH', ARGV[3], '1'); return 1"""
-RSL_REL = """if redis.call("get",KEYS[1]) == ARGV[1] then return redis.call("del",KEYS[1]) else return 0 end"""
-
-
-def resp(*a):
-    out = [b'*%d\r\n' % len(a)]
-    for x in a:
-        x = x if isinstance(x, bytes) else str(x).encode()
-        out.append(b'$%d\r\n%s\r\n' % (len(x), x))
-    return b''.join(out)
-
-
-def free_port():
-    s = socket.socket(); s.bind(('127.0.0.1', 0)); p = s.getsockname()[1]; s.close(); return p
+# The variants' scripts and the RESP helpers are server_cpu.py's (same directory).
+sys.path.insert(0, HERE)
+from server_cpu import MIN_ACQ, MIN_REL, RSL_REL, free_port, resp  # noqa: E402
 
 
 def script(rev, name):
