@@ -655,11 +655,7 @@ impl Backend for ClusterBackend {
             )
             .await
             .map_err(|e| LockError::backend(name, e))?;
-            Ok(match r {
-                n if n < 0 => Released::NotOwner,
-                0 => Released::Freed,
-                n => Released::Decremented(n.min(u32::MAX as i64) as u32),
-            })
+            Ok(crate::scripts::release_reply(r))
         })
     }
 
@@ -680,11 +676,7 @@ impl Backend for ClusterBackend {
             )
             .await
             .map_err(|e| LockError::backend(name, e))?;
-            Ok(if r == 1 {
-                Extended::Extended
-            } else {
-                Extended::Lost
-            })
+            Ok(crate::scripts::extend_reply(r))
         })
     }
 

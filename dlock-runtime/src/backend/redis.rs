@@ -890,11 +890,7 @@ impl Backend for RedisBackend {
             let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
-            Ok(match r {
-                n if n < 0 => Released::NotOwner,
-                0 => Released::Freed,
-                n => Released::Decremented(n.min(u32::MAX as i64) as u32),
-            })
+            Ok(crate::scripts::release_reply(r))
         })
     }
 
@@ -912,11 +908,7 @@ impl Backend for RedisBackend {
             let r: i64 = scripts::run(&scripts::EXTEND, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
-            Ok(if r == 1 {
-                Extended::Extended
-            } else {
-                Extended::Lost
-            })
+            Ok(crate::scripts::extend_reply(r))
         })
     }
 

@@ -45,6 +45,26 @@ pub(crate) async fn run<T: redis::FromRedisValue>(
     }
 }
 
+/// The release script's reply (see the header of `release.lua`): -1 not the owner, 0 freed, a
+/// positive count of holds left.
+pub(crate) fn release_reply(r: i64) -> crate::backend::Released {
+    use crate::backend::Released;
+    match r {
+        n if n < 0 => Released::NotOwner,
+        0 => Released::Freed,
+        n => Released::Decremented(n.min(u32::MAX as i64) as u32),
+    }
+}
+
+/// The extend script's reply: 1 extended, anything else lost.
+pub(crate) fn extend_reply(r: i64) -> crate::backend::Extended {
+    if r == 1 {
+        crate::backend::Extended::Extended
+    } else {
+        crate::backend::Extended::Lost
+    }
+}
+
 /// The acquire script's reply (see the header of `acquire.lua`): a bulk string token for a
 /// first acquisition, `[token, count]` for a re-entry, an integer (the remaining lease in ms,
 /// -1 without expiry) when another owner holds the lock. `None` for anything else.
