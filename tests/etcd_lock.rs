@@ -359,134 +359,17 @@ async fn sigstopped_holder_past_its_lease_is_superseded_and_hears_lost() {
     g.release().await.unwrap();
 }
 
-fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-/// One increment of a shared counter under the lock `rt`, by a non-atomic read-modify-write
-/// with an await in between: an overlap of two holders loses an update.
-async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let g = Lock::new("rt")
-        .with_backend(b.clone())
-        .ttl(Duration::from_secs(2))
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .expect("acquire `rt` within 5 s");
-    let v = counter.load(Relaxed);
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    counter.store(v + 1, Relaxed);
-    g.release().await.expect("release `rt`");
-}
-
-/// One `EtcdBackend`, shared as an `Arc<dyn Backend>` the way the registry hands it out, used
-/// from two tokio runtimes on two threads: runtime A builds it and takes the first lease (ttl
-/// 2 s), both runtimes increment a counter under one lock, then A shuts down while B keeps
-/// locking and keeps holding a lock of the same ttl. The count is exact (no overlap), every
-/// call of B after A's shutdown is answered (bounded waits, no hang), and B's hold survives
-/// three ttls after A is gone (the lease is not kept alive by a task of A).
+/// One `EtcdBackend` built on runtime A, used from A and from runtime B on another thread (ttl
+/// 2 s everywhere; A first takes a 2-s lease, kept alive from A): the count is exact, and after
+/// A shuts down every call of B is answered and B's hold survives three ttls (the lease is not
+/// kept alive by a task of A). See `common::runtimes`.
 #[test]
 fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    const ROUNDS: u64 = 25;
     let cluster = EtcdCluster::single();
-    let rt_a = runtime(2);
-    let backend: Arc<dyn dlock::Backend> =
-        rt_a.block_on(async { Arc::new(etcd_backend(&cluster).await) });
-    // A holds a 2-s lock first, so the 2-s lease is granted (and kept alive) from runtime A.
-    let keep_a = rt_a
-        .block_on(
-            Lock::new("keep-a")
-                .with_backend(backend.clone())
-                .ttl(Duration::from_secs(2))
-                .acquire(),
-        )
-        .expect("A takes keep-a");
-    let counter = Arc::new(AtomicU64::new(0));
-    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
-    let thread_b = {
-        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
-        std::thread::spawn(move || {
-            let rt_b = runtime(1);
-            let r = rt_b.block_on(async move {
-                for _ in 0..ROUNDS {
-                    locked_increment(&b, &counter).await;
-                }
-                let held = Lock::new("held-b")
-                    .with_backend(b.clone())
-                    .ttl(Duration::from_secs(2))
-                    .acquire()
-                    .await
-                    .map_err(|e| format!("B takes held-b: {e}"))?;
-                let _ = phase1_tx.send(());
-                // Keep locking while A shuts down, and for three ttls after.
-                let started = Instant::now();
-                let mut n = 0u64;
-                loop {
-                    let down = *a_down.lock().unwrap();
-                    if down.is_some_and(|t| t.elapsed() >= Duration::from_secs(6)) {
-                        break;
-                    }
-                    if started.elapsed() > Duration::from_secs(60) {
-                        return Err("runtime A never shut down".to_string());
-                    }
-                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
-                        .await
-                        .map_err(|_| "a locked increment on B hung".to_string())?;
-                    n += 1;
-                }
-                if !held.is_valid() || held.lost_reason().is_some() {
-                    return Err(format!(
-                        "B's hold was lost after A shut down: {:?}",
-                        held.lost_reason()
-                    ));
-                }
-                held.release()
-                    .await
-                    .map_err(|e| format!("release held-b: {e}"))?;
-                Ok(n)
-            });
-            let _ = done_tx.send(r);
-        })
-    };
-    rt_a.block_on(async {
-        for _ in 0..ROUNDS {
-            locked_increment(&backend, &counter).await;
-        }
-    });
-    phase1_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("B finished its first rounds");
-    rt_a.block_on(keep_a.release()).expect("A releases keep-a");
-    // Shut A down while B keeps locking.
-    drop(rt_a);
-    *a_down.lock().unwrap() = Some(Instant::now());
-    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
-        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("thread B did not finish within 90 s (hang)")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-            // B panicked: report its panic.
-            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
-        }
-    };
-    thread_b.join().expect("thread B");
-    assert!(
-        n_b >= 5,
-        "B locked only {n_b} times in 6 s after A shut down"
-    );
-    assert_eq!(
-        counter.load(Relaxed),
-        2 * ROUNDS + n_b,
-        "lost updates: two holders overlapped"
+    common::runtimes::one_backend_two_runtimes(
+        async { Arc::new(etcd_backend(&cluster).await) as Arc<dyn dlock::Backend> },
+        Some(Duration::from_secs(2)),
+        Duration::from_secs(6),
     );
 }
 

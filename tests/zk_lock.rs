@@ -336,29 +336,6 @@ async fn digest_auth_right_credentials_lock_wrong_or_none_get_a_typed_error() {
     g2.release().await.unwrap();
 }
 
-fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-        .expect("tokio runtime")
-}
-
-/// One increment under the lock `rt`, a non-atomic read-modify-write with an await between.
-async fn locked_increment(b: &Arc<dyn dlock::Backend>, counter: &std::sync::atomic::AtomicU64) {
-    use std::sync::atomic::Ordering::Relaxed;
-    let g = Lock::new("rt")
-        .with_backend(b.clone())
-        .wait(Duration::from_secs(5))
-        .acquire()
-        .await
-        .expect("acquire `rt` within 5 s");
-    let v = counter.load(Relaxed);
-    tokio::time::sleep(Duration::from_millis(1)).await;
-    counter.store(v + 1, Relaxed);
-    g.release().await.expect("release `rt`");
-}
-
 /// Two tasks of one runtime share one `ZookeeperBackend` and take turns on one name (25 locked
 /// non-atomic increments each, default ttl 30 s, wait 5 s). A task that arrives while the other
 /// waits queues locally without a node of its own; before the fix, a release woke nobody, so
@@ -375,7 +352,7 @@ async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
         let (b, c) = (backend.clone(), counter.clone());
         ts.push(tokio::spawn(async move {
             for _ in 0..25 {
-                locked_increment(&b, &c).await;
+                common::runtimes::locked_increment(&b, &c, None).await;
             }
         }));
     }
@@ -390,84 +367,11 @@ async fn two_tasks_sharing_a_backend_take_turns_without_stalling() {
 /// down while B keeps locking and holding a lock for three session timeouts.
 #[test]
 fn one_backend_two_runtimes_exact_count_and_no_hang_after_one_shuts_down() {
-    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-    const ROUNDS: u64 = 25;
     let server = ZkProc::start();
-    let rt_a = runtime(2);
-    let backend: Arc<dyn dlock::Backend> =
-        rt_a.block_on(async { Arc::new(zk_backend(&server).await) });
-    let counter = Arc::new(AtomicU64::new(0));
-    let a_down: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
-    let (phase1_tx, phase1_rx) = std::sync::mpsc::channel::<()>();
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<Result<u64, String>>();
-    let thread_b = {
-        let (b, counter, a_down) = (backend.clone(), counter.clone(), a_down.clone());
-        std::thread::spawn(move || {
-            let rt_b = runtime(1);
-            let r = rt_b.block_on(async move {
-                for _ in 0..ROUNDS {
-                    locked_increment(&b, &counter).await;
-                }
-                let held = Lock::new("held-b")
-                    .with_backend(b.clone())
-                    .acquire()
-                    .await
-                    .map_err(|e| format!("B takes held-b: {e}"))?;
-                let _ = phase1_tx.send(());
-                let started = Instant::now();
-                let mut n = 0u64;
-                loop {
-                    let down = *a_down.lock().unwrap();
-                    if down.is_some_and(|t| t.elapsed() >= SESSION * 3) {
-                        break;
-                    }
-                    if started.elapsed() > Duration::from_secs(60) {
-                        return Err("runtime A never shut down".to_string());
-                    }
-                    tokio::time::timeout(Duration::from_secs(10), locked_increment(&b, &counter))
-                        .await
-                        .map_err(|_| "a locked increment on B hung".to_string())?;
-                    n += 1;
-                }
-                if !held.is_valid() || held.lost_reason().is_some() {
-                    return Err(format!(
-                        "B's hold was lost after A shut down: {:?}",
-                        held.lost_reason()
-                    ));
-                }
-                held.release()
-                    .await
-                    .map_err(|e| format!("release held-b: {e}"))?;
-                Ok(n)
-            });
-            let _ = done_tx.send(r);
-        })
-    };
-    rt_a.block_on(async {
-        for _ in 0..ROUNDS {
-            locked_increment(&backend, &counter).await;
-        }
-    });
-    phase1_rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("B finished its first rounds");
-    drop(rt_a);
-    *a_down.lock().unwrap() = Some(Instant::now());
-    let n_b = match done_rx.recv_timeout(Duration::from_secs(90)) {
-        Ok(r) => r.unwrap_or_else(|e| panic!("{e}")),
-        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-            panic!("thread B did not finish within 90 s (hang)")
-        }
-        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
-            std::panic::resume_unwind(thread_b.join().expect_err("B ended without a result"))
-        }
-    };
-    thread_b.join().expect("thread B");
-    assert!(n_b >= 5, "B locked only {n_b} times after A shut down");
-    assert_eq!(
-        counter.load(Relaxed),
-        2 * ROUNDS + n_b,
-        "lost updates: two holders overlapped"
+    common::runtimes::one_backend_two_runtimes(
+        async { Arc::new(zk_backend(&server).await) as Arc<dyn dlock::Backend> },
+        None,
+        SESSION * 3,
     );
 }
 

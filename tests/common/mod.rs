@@ -9,6 +9,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 pub mod proxy;
+pub mod runtimes;
 
 use std::fmt::Write as _;
 use std::io::{self, BufRead, BufReader};
