@@ -655,8 +655,10 @@ mod on_postgres {
         assert!(!held().await);
         admin
             .batch_execute(&format!(
-                "DROP TABLE {table}; DROP SEQUENCE {table}_fence; DROP FUNCTION {table}_acquire_v1, \
-                 {table}_acquire_nf_v1, {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1;"
+                "DROP TABLE {table}; DROP SEQUENCE {table}_fence; DROP TABLE {table}_waiters; \
+                 DROP FUNCTION {table}_acquire_v1, {table}_acquire_nf_v1, {table}_release_v1, \
+                 {table}_extend_v1, {table}_extend_nf_v1, {table}_acquire_v2, {table}_acquire_nf_v2, \
+                 {table}_release_v2, {table}_leave_v2;"
             ))
             .await
             .unwrap();
