@@ -404,7 +404,13 @@ fn functions(table: &str, durable: bool) -> Functions {
     let defs: [(&str, u32, &str, &str, &str); 9] = [
         ("acquire", v, grant_args, acquire_ret, &acquire_d),
         ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf),
-        ("release", v, "bytea, text, boolean, bigint", release_ret, &release),
+        (
+            "release",
+            v,
+            "bytea, text, boolean, bigint",
+            release_ret,
+            &release,
+        ),
         ("extend", v, grant_args, "r_one integer", &extend_d),
         ("extend_nf", v, grant_args, "r_one integer", &extend_nf),
         ("acquire", v2, grant_args2, acquire_ret, &acquire_d2),
@@ -416,7 +422,13 @@ fn functions(table: &str, durable: bool) -> Functions {
             release_ret,
             &release2,
         ),
-        ("leave", v2, "bytea, text, boolean", "r_notified text", &leave2),
+        (
+            "leave",
+            v2,
+            "bytea, text, boolean",
+            "r_notified text",
+            &leave2,
+        ),
     ];
     let ddl = defs
         .iter()
@@ -1173,13 +1185,18 @@ impl PostgresBackend {
     async fn waiters_table_exists(&self) -> Result<bool, LockError> {
         let pool = &self.inner.pool;
         let sql = &self.inner.sql.waiters_exist;
-        bounded("", "the waiters table check", self.inner.op_timeout, async {
-            let c = pool.get().await?;
-            let rows = c.simple_query(sql).await?;
-            Ok::<_, DynError>(rows.iter().any(|m| {
+        bounded(
+            "",
+            "the waiters table check",
+            self.inner.op_timeout,
+            async {
+                let c = pool.get().await?;
+                let rows = c.simple_query(sql).await?;
+                Ok::<_, DynError>(rows.iter().any(|m| {
                 matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
             }))
-        })
+            },
+        )
         .await
     }
 
@@ -1209,7 +1226,8 @@ impl PostgresBackend {
     /// own channel and callers of this process wait for `name`.
     fn queue_as(&self, name: &str) -> Option<Arc<Me>> {
         let q = &self.inner.queueing;
-        if !q.fifo.load(std::sync::atomic::Ordering::Relaxed) || !self.inner.waiters.has_waiters(name)
+        if !q.fifo.load(std::sync::atomic::Ordering::Relaxed)
+            || !self.inner.waiters.has_waiters(name)
         {
             return None;
         }
