@@ -1514,7 +1514,7 @@ async fn listen_loop(
                 tokio::time::timeout(op_timeout, client.batch_execute(&listen)).await
             {
                 if queueing.fifo.load(Relaxed)
-                    && let Some(me) = listen_own(&client, op_timeout).await
+                    && let Some(me) = listen_own(&client, &inner, op_timeout).await
                 {
                     let me = Arc::new(me);
                     let _ = own.set(me.clone());
@@ -1557,10 +1557,68 @@ async fn listen_loop(
     }
 }
 
-/// The listening session's own channel: its pid and start, read twice (two answers that
-/// disagree mean a transaction-mode pooler, whose server sessions are not the client's: no
-/// FIFO then), and `LISTEN` on it. `None` when any of it fails.
-async fn listen_own(client: &tokio_postgres::Client, op_timeout: Duration) -> Option<Me> {
+/// Whether a session advisory lock taken on `client` can be taken from a connection of `pool`
+/// too (so both run in one server session); `None` when the probe fails.
+async fn shares_session(
+    client: &tokio_postgres::Client,
+    pool: &Pool,
+    seed: u64,
+    op_timeout: Duration,
+) -> Option<bool> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seed);
+    let key = h.finish() as i64;
+    let first = |msgs: Vec<tokio_postgres::SimpleQueryMessage>| {
+        msgs.into_iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v == "t"),
+            _ => None,
+        })
+    };
+    let lock = format!("SELECT pg_try_advisory_lock({key})");
+    let unlock = format!("SELECT pg_advisory_unlock({key})");
+    let took = first(
+        tokio::time::timeout(op_timeout, client.simple_query(&lock))
+            .await
+            .ok()?
+            .ok()?,
+    )?;
+    if !took {
+        // The random key is held elsewhere (vanishingly rare): nothing to conclude.
+        return Some(false);
+    }
+    let shared = async {
+        let c = tokio::time::timeout(op_timeout, pool.get())
+            .await
+            .ok()?
+            .ok()?;
+        let r = first(
+            tokio::time::timeout(op_timeout, c.simple_query(&lock))
+                .await
+                .ok()?
+                .ok()?,
+        )?;
+        if r {
+            let _ = tokio::time::timeout(op_timeout, c.simple_query(&unlock)).await;
+        }
+        Some(r)
+    }
+    .await;
+    let _ = tokio::time::timeout(op_timeout, client.simple_query(&unlock)).await;
+    shared
+}
+
+/// The listening session's own channel: its pid and start, read twice, and `LISTEN` on it.
+/// `None` when any of it fails, or behind a transaction-mode pooler, whose server sessions are
+/// not the client's (notifications for the channel could reach another client): two readings
+/// that disagree, or a probe advisory lock taken by the listener that a pooled connection of
+/// the backend can take too (the pooler handed it the listener's idle server session, as
+/// PgBouncer does by default; the check of advisory mode).
+async fn listen_own(
+    client: &tokio_postgres::Client,
+    inner: &std::sync::Weak<Inner>,
+    op_timeout: Duration,
+) -> Option<Me> {
     let ident = || async {
         let rows = tokio::time::timeout(
             op_timeout,
@@ -1582,9 +1640,16 @@ async fn listen_own(client: &tokio_postgres::Client, op_timeout: Duration) -> Op
     };
     let a = ident().await?;
     let b = ident().await?;
-    if a != b {
+    let shared = a != b || {
+        let pool = inner.upgrade()?.pool.clone();
+        // A probe that fails (a busy pool) concludes nothing: the FIFO stays on.
+        shares_session(client, &pool, a.0 as u64 ^ a.1 as u64, op_timeout)
+            .await
+            .unwrap_or(false)
+    };
+    if shared {
         tracing::info!(
-            "dlock: PostgreSQL listener's statements ran in two server sessions (a transaction-mode pooler?); waiters' FIFO off"
+            "dlock: the PostgreSQL listener's server session is shared (a transaction-mode pooler); waiters' FIFO off"
         );
         return None;
     }
