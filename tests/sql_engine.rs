@@ -674,9 +674,15 @@ mod on_postgres {
     /// its listener started (so the wake-up of every local waiter at its start cannot land in
     /// the middle of a test's counts).
     async fn fifo_backend(url: &str, table: &str) -> dlock::PostgresBackend {
+        fifo_backend_with(url, table, true).await
+    }
+
+    /// [`fifo_backend`], with the server functions or the statements sent whole.
+    async fn fifo_backend_with(url: &str, table: &str, functions: bool) -> dlock::PostgresBackend {
         let b = dlock::PostgresBackend::builder(url)
             .table(table)
             .pool_size(2)
+            .server_functions(functions)
             .connect()
             .await
             .unwrap();
@@ -754,14 +760,24 @@ mod on_postgres {
     /// behaviour: every release wakes every process) the attempt counts fail.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_release_wakes_only_the_next_process_in_line_fifo() {
+        release_wakes_only_the_next_process(true).await
+    }
+
+    /// The same with the statements sent whole (`server_functions(false)`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_wakes_only_the_next_process_in_line_fifo_statements() {
+        release_wakes_only_the_next_process(false).await
+    }
+
+    async fn release_wakes_only_the_next_process(functions: bool) {
         let env = Env::postgres().await;
         let (url, table) = (env.db().url.clone(), env.db().table.clone());
         let admin = common::sql::pg_admin(&url).await;
         const N: usize = 5;
-        let holder = fifo_backend(&url, &table).await;
+        let holder = fifo_backend_with(&url, &table, functions).await;
         let mut bs = Vec::new();
         for _ in 0..N {
-            bs.push(fifo_backend(&url, &table).await);
+            bs.push(fifo_backend_with(&url, &table, functions).await);
         }
         let g0 = Lock::new("fifo")
             .with_backend(Arc::new(holder.clone()))
@@ -845,13 +861,24 @@ mod on_postgres {
     /// new listening session, behind the second, and is served next.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_stale_waiter_row_does_not_stall_the_next_process() {
+        stale_waiter_row_does_not_stall(true).await
+    }
+
+    /// The same with the statements sent whole (`server_functions(false)`: the release only
+    /// skips the dead row, and a clean-up statement deletes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_waiter_row_does_not_stall_the_next_process_statements() {
+        stale_waiter_row_does_not_stall(false).await
+    }
+
+    async fn stale_waiter_row_does_not_stall(functions: bool) {
         let env = Env::postgres().await;
         let (url, table) = (env.db().url.clone(), env.db().table.clone());
         let admin = common::sql::pg_admin(&url).await;
-        let holder = fifo_backend(&url, &table).await;
+        let holder = fifo_backend_with(&url, &table, functions).await;
         let (stale, live) = (
-            fifo_backend(&url, &table).await,
-            fifo_backend(&url, &table).await,
+            fifo_backend_with(&url, &table, functions).await,
+            fifo_backend_with(&url, &table, functions).await,
         );
         let g = Lock::new("stale")
             .with_backend(Arc::new(holder.clone()))
@@ -902,11 +929,15 @@ mod on_postgres {
         let took = t.elapsed();
         assert_eq!(i, 1, "the live process is served first");
         assert!(took < Duration::from_millis(500), "served after {took:?}");
-        let rows = queue_rows(&admin, &table, "stale").await;
-        assert_eq!(
-            rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>(),
-            vec![stale.fifo_channel().unwrap()],
-            "the dead session's row is deleted"
+        let want = vec![stale.fifo_channel().unwrap()];
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                let rows = queue_rows(&admin, &table, "stale").await;
+                rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>() == want
+            })
+            .await,
+            "the dead session's row is not deleted: {:?}",
+            queue_rows(&admin, &table, "stale").await
         );
         let t = Instant::now();
         g.release().await.unwrap();

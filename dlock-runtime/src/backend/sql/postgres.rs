@@ -161,7 +161,12 @@ struct Functions {
 #[derive(Debug)]
 struct Fifo {
     acquire: String,
+    /// The release of a process with waiters of its own for the name (they queue).
     release: String,
+    /// The release of a process without (statements only; the function does both).
+    release_light: String,
+    /// The deletion of dead listeners' rows that `release_light` reported.
+    cleanup: String,
     leave: String,
 }
 
@@ -300,6 +305,62 @@ fn leave_statement(table: &str, channel: &str) -> String {
     )
 }
 
+/// The v2 release of a process without waiters of its own for the name (`$1`..`$4` as v1): the
+/// v1 statement, but a freeing release notifies the oldest queued process whose listener is
+/// alive (or the table's channel when none is), and a third column tells whether rows of dead
+/// listeners were met (deleted separately). The queue is only read, one index probe when it is
+/// empty: the uncontended release costs what v1 costs.
+fn release_light_statement(table: &str, channel: &str) -> String {
+    let (alive, dead) = (alive("q"), alive("d"));
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+         upd AS ( \
+           UPDATE {table} l SET \
+             count = CASE WHEN l.count = 1 OR $3 THEN 0 ELSE l.count - 1 END, \
+             expires_at = CASE WHEN l.count = 1 OR $3 \
+                               THEN c.now + coalesce($4::bigint, 0) * interval '1 microsecond' \
+                               ELSE l.expires_at END \
+           FROM c \
+           WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
+           RETURNING l.count AS remaining) \
+         SELECT remaining, \
+                CASE WHEN remaining = 0 AND $4::bigint IS NULL THEN pg_notify(coalesce( \
+                  (SELECT q.channel FROM {table}_waiters q WHERE q.name = $1 AND {alive} \
+                   ORDER BY q.since, q.channel LIMIT 1), '{channel}'), encode($1, 'hex'))::text END, \
+                CASE WHEN remaining = 0 AND $4::bigint IS NULL THEN EXISTS ( \
+                  SELECT 1 FROM {table}_waiters d WHERE d.name = $1 AND NOT {dead}) \
+                ELSE false END \
+         FROM upd"
+    )
+}
+
+/// Deletes the queue rows of `$1` whose listening session is gone.
+fn cleanup_statement(table: &str) -> String {
+    let alive = alive("d");
+    format!("DELETE FROM {table}_waiters d WHERE d.name = $1 AND NOT {alive}")
+}
+
+/// The body of `<table>_release_v2`: the light release (one statement, as v1), then, only when
+/// needed, the deletion of dead listeners' rows and the queueing of the releasing process's own
+/// waiters (`$5`..`$7`) at the back.
+fn release_function_v2(table: &str, channel: &str) -> String {
+    let light = release_light_statement(table, channel);
+    let cleanup = cleanup_statement(table);
+    format!(
+        "DECLARE v_rem integer; v_n text; v_dead boolean; \
+         BEGIN \
+           {light} INTO v_rem, v_n, v_dead; \
+           IF NOT FOUND THEN RETURN; END IF; \
+           IF v_dead THEN {cleanup}; END IF; \
+           IF v_rem = 0 AND $5 IS NOT NULL THEN \
+             INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
+             VALUES ($1, $5, $6, $7, clock_timestamp()) ON CONFLICT (name, channel) DO NOTHING; \
+           END IF; \
+           r_remaining := v_rem; r_notified := v_n; RETURN NEXT; \
+         END"
+    )
+}
+
 /// The release statement of `table`, notifying on `channel`; `fifo` (v2): `$5`/`$6`/`$7` are
 /// the releasing process's channel, pid and start when it has waiters of its own for the name
 /// (NULL otherwise), which then queue behind the others; a freeing release wakes the oldest
@@ -393,7 +454,7 @@ fn functions(table: &str, durable: bool) -> Functions {
     let release = release_statement(table, &channel, false);
     let (acquire_d2, _) = grant_statements(table, true, true);
     let (acquire_nf2, _) = grant_statements(table, false, true);
-    let release2 = release_statement(table, &channel, true);
+    let release2 = release_function_v2(table, &channel);
     let leave2 = leave_statement(table, &channel);
     // Result columns are named r_*, unlike any table column, so no name in the bodies is
     // ambiguous between a column and an output parameter.
@@ -433,9 +494,15 @@ fn functions(table: &str, durable: bool) -> Functions {
     let ddl = defs
         .iter()
         .map(|(name, ver, args, ret, body)| {
+            // A body that is not one statement is a whole PL/pgSQL block already.
+            let block = if body.starts_with("DECLARE") {
+                body.to_string()
+            } else {
+                format!("BEGIN RETURN QUERY {body}; END")
+            };
             format!(
                 "CREATE OR REPLACE FUNCTION {table}_{name}_v{ver}({args}) RETURNS TABLE ({ret}) \
-                 LANGUAGE plpgsql AS $dlock$ BEGIN RETURN QUERY {body}; END $dlock$;\n"
+                 LANGUAGE plpgsql AS $dlock$ {block} $dlock$;\n"
             )
         })
         .collect();
@@ -461,6 +528,8 @@ fn functions(table: &str, durable: bool) -> Functions {
         fifo: Fifo {
             acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v2}($1, $2, $3, $4, $5, $6)"),
             release: format!("SELECT * FROM {table}_release_v{v2}($1, $2, $3, $4, $5, $6, $7)"),
+            release_light: String::new(),
+            cleanup: String::new(),
             leave: format!("SELECT * FROM {table}_leave_v{v2}($1, $2, $3)"),
         },
     }
@@ -476,6 +545,8 @@ impl Sql {
         let fifo = Fifo {
             acquire: grant_statements(table, durable, true).0,
             release: release_statement(table, &channel, true),
+            release_light: release_light_statement(table, &channel),
+            cleanup: cleanup_statement(table),
             leave: leave_statement(table, &channel),
         };
         let functions = functions(table, durable);
@@ -1265,6 +1336,29 @@ impl PostgresBackend {
         self.spawn_leave(name, me, woken);
     }
 
+    /// Deletes, in the background, the queue rows of `name` whose listeners are gone (a light
+    /// release met some).
+    fn spawn_cleanup(&self, name: &str) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let b = self.clone();
+        let name = name.to_string();
+        rt.spawn(async move {
+            let r = b
+                .query(
+                    &name,
+                    "the queue clean-up",
+                    &b.inner.sql.fifo.cleanup,
+                    &[(&name.as_bytes(), Type::BYTEA)],
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(key = %name, error = %e, "dlock: PostgreSQL clean-up of the waiters' queue failed");
+            }
+        });
+    }
+
     /// Runs the leave statement of `name` for the identity `me` in the background; `pass`: wake
     /// the next process in line when the name is free.
     fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool) {
@@ -1775,21 +1869,43 @@ impl Backend for PostgresBackend {
                     Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
                     None => (None, None, None),
                 };
-                self.query(
-                    name,
-                    "the release statement",
-                    self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&owner, Type::TEXT),
-                        (&all, Type::BOOL),
-                        (&keep, Type::INT8),
-                        (&ch, Type::TEXT),
-                        (&pid, Type::INT4),
-                        (&started, Type::INT8),
-                    ],
-                )
-                .await?
+                if me.is_none() && !self.uses_server_functions() {
+                    let rows = self
+                        .query(
+                            name,
+                            "the release statement",
+                            &self.inner.sql.fifo.release_light,
+                            &[
+                                (&name.as_bytes(), Type::BYTEA),
+                                (&owner, Type::TEXT),
+                                (&all, Type::BOOL),
+                                (&keep, Type::INT8),
+                            ],
+                        )
+                        .await?;
+                    if rows.first().is_some_and(|r| {
+                        r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true)
+                    }) {
+                        self.spawn_cleanup(name);
+                    }
+                    rows
+                } else {
+                    self.query(
+                        name,
+                        "the release statement",
+                        self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release),
+                        &[
+                            (&name.as_bytes(), Type::BYTEA),
+                            (&owner, Type::TEXT),
+                            (&all, Type::BOOL),
+                            (&keep, Type::INT8),
+                            (&ch, Type::TEXT),
+                            (&pid, Type::INT4),
+                            (&started, Type::INT8),
+                        ],
+                    )
+                    .await?
+                }
             } else {
                 self.query(
                     name,
