@@ -655,8 +655,10 @@ mod on_postgres {
         assert!(!held().await);
         admin
             .batch_execute(&format!(
-                "DROP TABLE {table}; DROP SEQUENCE {table}_fence; DROP FUNCTION {table}_acquire_v1, \
-                 {table}_acquire_nf_v1, {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1;"
+                "DROP TABLE {table}; DROP SEQUENCE {table}_fence; DROP TABLE {table}_waiters; \
+                 DROP FUNCTION {table}_acquire_v1, {table}_acquire_nf_v1, {table}_release_v1, \
+                 {table}_extend_v1, {table}_extend_nf_v1, {table}_acquire_v2, {table}_acquire_nf_v2, \
+                 {table}_release_v2, {table}_leave_v2;"
             ))
             .await
             .unwrap();
@@ -666,6 +668,377 @@ mod on_postgres {
     async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
         super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::postgres().await)
             .await
+    }
+
+    /// A backend of its own (its own pool and listener, as a separate process would have),
+    /// its listener started (so the wake-up of every local waiter at its start cannot land in
+    /// the middle of a test's counts).
+    async fn fifo_backend(url: &str, table: &str) -> dlock::PostgresBackend {
+        fifo_backend_with(url, table, true).await
+    }
+
+    /// [`fifo_backend`], with the server functions or the statements sent whole.
+    async fn fifo_backend_with(url: &str, table: &str, functions: bool) -> dlock::PostgresBackend {
+        let b = dlock::PostgresBackend::builder(url)
+            .table(table)
+            .pool_size(2)
+            .server_functions(functions)
+            .connect()
+            .await
+            .unwrap();
+        drop(b.watch("warm-up").await.unwrap());
+        assert!(
+            b.fifo_channel().is_some(),
+            "not listening on its own channel"
+        );
+        b
+    }
+
+    /// Rows of the waiters' queue of `name`, oldest first: (channel, pid).
+    async fn queue_rows(
+        admin: &dlock::tokio_postgres::Client,
+        table: &str,
+        name: &str,
+    ) -> Vec<(String, i32)> {
+        admin
+            .query(
+                &format!(
+                    "SELECT channel, pid FROM {table}_waiters WHERE name = $1 ORDER BY since, channel"
+                ),
+                &[&name.as_bytes()],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect()
+    }
+
+    /// Polls `f` every 10 ms for up to `limit`; true when it held.
+    async fn eventually<F, Fut>(limit: Duration, mut f: F) -> bool
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = bool>,
+    {
+        let t = Instant::now();
+        loop {
+            if f().await {
+                return true;
+            }
+            if t.elapsed() > limit {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// A waiter on `b`: waits (up to 30 s) for `name` and sends its guard to the test.
+    fn spawn_waiter(
+        b: &dlock::PostgresBackend,
+        name: &'static str,
+        i: usize,
+        tx: tokio::sync::mpsc::UnboundedSender<(usize, dlock::LockGuard)>,
+    ) -> tokio::task::JoinHandle<()> {
+        let b: Arc<dyn Backend> = Arc::new(b.clone());
+        tokio::spawn(async move {
+            let g = Lock::new(name)
+                .with_backend(b)
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap_or_else(|e| panic!("waiter {i}: {e}"));
+            let _ = tx.send((i, g));
+        })
+    }
+
+    /// The waiters' FIFO: five processes' worth of backends (each its own pool and listener)
+    /// wait for one name, queued one after the other. Each release makes exactly one acquire
+    /// attempt, by the process first in line, woken on its own channel (the release reaches
+    /// no other process, and nobody hears the release channel while the queue is not empty),
+    /// and the waiters are served in the order they queued. With `fifo_wakeups(false)` (the v1
+    /// behaviour: every release wakes every process) the attempt counts fail.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_wakes_only_the_next_process_in_line_fifo() {
+        release_wakes_only_the_next_process(true).await
+    }
+
+    /// The same with the statements sent whole (`server_functions(false)`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_wakes_only_the_next_process_in_line_fifo_statements() {
+        release_wakes_only_the_next_process(false).await
+    }
+
+    async fn release_wakes_only_the_next_process(functions: bool) {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        const N: usize = 5;
+        let holder = fifo_backend_with(&url, &table, functions).await;
+        let mut bs = Vec::new();
+        for _ in 0..N {
+            bs.push(fifo_backend_with(&url, &table, functions).await);
+        }
+        let g0 = Lock::new("fifo")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut tasks = Vec::new();
+        // One at a time: each queues (its row appears) before the next starts.
+        for (i, b) in bs.iter().enumerate() {
+            tasks.push(spawn_waiter(b, "fifo", i, tx.clone()));
+            let want = i + 1;
+            assert!(
+                eventually(Duration::from_secs(5), || async {
+                    queue_rows(&admin, &table, "fifo").await.len() == want
+                })
+                .await,
+                "waiter {i} did not queue: {:?}",
+                queue_rows(&admin, &table, "fifo").await
+            );
+        }
+        let rows = queue_rows(&admin, &table, "fifo").await;
+        for (i, b) in bs.iter().enumerate() {
+            assert_eq!(Some(rows[i].0.clone()), b.fifo_channel(), "queue {rows:?}");
+        }
+        let mut guard = g0;
+        for turn in 0..N {
+            let before: Vec<_> = bs.iter().map(|b| b.wait_stats()).collect();
+            let t = Instant::now();
+            guard.release().await.unwrap();
+            let (i, g) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+                .await
+                .expect("no waiter got the lock within 5 s")
+                .unwrap();
+            let took = t.elapsed();
+            assert_eq!(i, turn, "served out of order");
+            // Time for any other woken process to try too.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let after: Vec<_> = bs.iter().map(|b| b.wait_stats()).collect();
+            let tried: Vec<u64> = before
+                .iter()
+                .zip(&after)
+                .map(|(a, b)| b.acquire_statements - a.acquire_statements)
+                .collect();
+            let mut want = vec![0u64; N];
+            want[turn] = 1;
+            assert_eq!(tried, want, "turn {turn}: acquire attempts per process");
+            for (j, (a, b)) in before.iter().zip(&after).enumerate() {
+                assert_eq!(
+                    b.broadcast_wakeups, a.broadcast_wakeups,
+                    "turn {turn}: process {j} heard the release channel"
+                );
+                assert_eq!(
+                    b.queue_wakeups - a.queue_wakeups,
+                    u64::from(j == turn),
+                    "turn {turn}: process {j}'s own wake-ups"
+                );
+            }
+            assert_eq!(
+                queue_rows(&admin, &table, "fifo").await.len(),
+                N - turn - 1,
+                "the granted process left the queue"
+            );
+            eprintln!("turn {turn}: served {took:?} after the release began");
+            guard = g;
+        }
+        guard.release().await.unwrap();
+        for t in tasks {
+            t.await.unwrap();
+        }
+        // Each waiter: a first try, the try that queued it, the one its turn woke.
+        let total: u64 = bs.iter().map(|b| b.wait_stats().acquire_statements).sum();
+        assert_eq!(total, 3 * N as u64);
+    }
+
+    /// A stale row does not stall the queue: the process first in line loses its listening
+    /// session (pg_terminate_backend) while a second process waits behind it; the release
+    /// skips (and deletes) the dead session's row and wakes the second process at once, far
+    /// below the holder's remaining lease (30 s). The first process's waiter re-queues under its
+    /// new listening session, behind the second, and is served next.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_waiter_row_does_not_stall_the_next_process() {
+        stale_waiter_row_does_not_stall(true).await
+    }
+
+    /// The same with the statements sent whole (`server_functions(false)`: the release only
+    /// skips the dead row, and a clean-up statement deletes it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stale_waiter_row_does_not_stall_the_next_process_statements() {
+        stale_waiter_row_does_not_stall(false).await
+    }
+
+    async fn stale_waiter_row_does_not_stall(functions: bool) {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend_with(&url, &table, functions).await;
+        let (stale, live) = (
+            fifo_backend_with(&url, &table, functions).await,
+            fifo_backend_with(&url, &table, functions).await,
+        );
+        let g = Lock::new("stale")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let t_stale = spawn_waiter(&stale, "stale", 0, tx.clone());
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                queue_rows(&admin, &table, "stale").await.len() == 1
+            })
+            .await
+        );
+        let t_live = spawn_waiter(&live, "stale", 1, tx.clone());
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                queue_rows(&admin, &table, "stale").await.len() == 2
+            })
+            .await
+        );
+        let old = stale.fifo_channel().unwrap();
+        let rows = queue_rows(&admin, &table, "stale").await;
+        assert_eq!(rows[0].0, old);
+        let killed: bool = admin
+            .query_one("SELECT pg_terminate_backend($1, 5000)", &[&rows[0].1])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(killed);
+        // The stale process reconnects its listener and re-queues behind the live one.
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                stale.fifo_channel().is_some_and(|c| c != old)
+                    && queue_rows(&admin, &table, "stale").await.len() == 3
+            })
+            .await,
+            "{:?}",
+            queue_rows(&admin, &table, "stale").await
+        );
+        let t = Instant::now();
+        g.release().await.unwrap();
+        let (i, g) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("stalled")
+            .unwrap();
+        let took = t.elapsed();
+        assert_eq!(i, 1, "the live process is served first");
+        assert!(took < Duration::from_millis(500), "served after {took:?}");
+        let want = vec![stale.fifo_channel().unwrap()];
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                let rows = queue_rows(&admin, &table, "stale").await;
+                rows.iter().map(|r| r.0.clone()).collect::<Vec<_>>() == want
+            })
+            .await,
+            "the dead session's row is not deleted: {:?}",
+            queue_rows(&admin, &table, "stale").await
+        );
+        let t = Instant::now();
+        g.release().await.unwrap();
+        let (i, g) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("stalled")
+            .unwrap();
+        assert_eq!(i, 0);
+        assert!(
+            t.elapsed() < Duration::from_millis(500),
+            "served after {:?}",
+            t.elapsed()
+        );
+        g.release().await.unwrap();
+        t_stale.await.unwrap();
+        t_live.await.unwrap();
+    }
+
+    /// A waiter that timed out leaves no row behind; a row of a live process that no longer
+    /// waits, planted at the head of the queue (as a leave statement that was lost would leave
+    /// it), costs one pass-on: the live waiter queued behind it is served within 500 ms (one
+    /// attempt), not at the end of the holder's 30 s lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_timed_out_waiter_leaves_no_row_and_a_leftover_turn_is_passed_on() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let (gone, live) = (
+            fifo_backend(&url, &table).await,
+            fifo_backend(&url, &table).await,
+        );
+        let g = Lock::new("late")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let e = Lock::new("late")
+            .with_backend(Arc::new(gone.clone()))
+            .wait(Duration::from_millis(400))
+            .acquire()
+            .await
+            .unwrap_err();
+        assert!(matches!(e, LockError::TimedOut { .. }), "{e:?}");
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                queue_rows(&admin, &table, "late").await.is_empty()
+            })
+            .await,
+            "the timed-out waiter's row stayed: {:?}",
+            queue_rows(&admin, &table, "late").await
+        );
+        // A row for `gone` (alive, listening, not waiting) at the head of the queue.
+        let ch = gone.fifo_channel().expect("listening");
+        let mut parts = ch.trim_start_matches("dlock_w").split('_');
+        let pid: i32 = parts.next().unwrap().parse().unwrap();
+        let started: i64 = parts.next().unwrap().parse().unwrap();
+        admin
+            .execute(
+                &format!(
+                    "INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
+                     VALUES ($1, $2, $3, $4, clock_timestamp() - interval '1 hour')"
+                ),
+                &[&b"late".as_slice(), &ch, &pid, &started],
+            )
+            .await
+            .unwrap();
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let t_live = spawn_waiter(&live, "late", 1, tx);
+        assert!(
+            eventually(Duration::from_secs(5), || async {
+                queue_rows(&admin, &table, "late").await.len() == 2
+            })
+            .await
+        );
+        let before = live.wait_stats();
+        let passed = gone.wait_stats().passed_on;
+        let t = Instant::now();
+        g.release().await.unwrap();
+        let (_, g) = tokio::time::timeout(Duration::from_secs(5), rx.recv())
+            .await
+            .expect("stalled")
+            .unwrap();
+        let took = t.elapsed();
+        assert!(took < Duration::from_millis(500), "served after {took:?}");
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                gone.wait_stats().passed_on == passed + 1
+            })
+            .await,
+            "{:?}",
+            gone.wait_stats()
+        );
+        assert_eq!(
+            live.wait_stats().acquire_statements - before.acquire_statements,
+            1
+        );
+        assert!(queue_rows(&admin, &table, "late").await.is_empty());
+        g.release().await.unwrap();
+        t_live.await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -991,6 +1364,7 @@ mod on_postgres {
                 .await
                 .expect("lock-table mode through the pooler");
             assert_eq!(table.uses_server_functions(), functions);
+            let pg = table.clone();
             let table: Arc<dyn Backend> = Arc::new(table);
             for _ in 0..3 {
                 let g = Lock::new("pooled")
@@ -1006,6 +1380,26 @@ mod on_postgres {
                 assert!(e.is_contended(), "{e:?}");
                 g.release().await.expect("release through the pooler");
             }
+            // A waiter through the pooler: its listener starts, sees that its server session is
+            // shared, and keeps the waiters' FIFO off (the lease is the waiters' timer there).
+            let held = Lock::new("pooled-wait")
+                .with_backend(direct.clone())
+                .acquire()
+                .await
+                .unwrap();
+            let e = Lock::new("pooled-wait")
+                .with_backend(table.clone())
+                .wait(Duration::from_millis(300))
+                .acquire()
+                .await
+                .unwrap_err();
+            assert!(matches!(e, LockError::TimedOut { .. }), "{e:?}");
+            assert_eq!(
+                pg.fifo_channel(),
+                None,
+                "FIFO on behind a transaction-mode pooler"
+            );
+            held.release().await.unwrap();
         }
         // Session mode keeps one server session per client: advisory mode is accepted.
         let sess = tokio::task::spawn_blocking(move || PgBouncer::start(port, "session"))

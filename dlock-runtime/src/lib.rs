@@ -50,7 +50,8 @@ pub use backend::sql::mysql::{MysqlBackend, MysqlBackendBuilder, mysql_schema_sq
 pub use backend::sql::pg_advisory::advisory_key as postgres_advisory_key;
 #[cfg(feature = "postgres")]
 pub use backend::sql::postgres::{
-    PostgresBackend, PostgresBackendBuilder, postgres_functions_sql, postgres_schema_sql,
+    PostgresBackend, PostgresBackendBuilder, PostgresWaitStats, postgres_functions_sql,
+    postgres_schema_sql,
 };
 #[cfg(feature = "zookeeper")]
 pub use backend::zookeeper::{ZookeeperBackend, ZookeeperBackendBuilder};

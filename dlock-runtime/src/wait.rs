@@ -42,6 +42,10 @@ struct Queue {
 /// Called when a queue becomes empty (the Redis backend unsubscribes then).
 pub(crate) type OnEmpty = Box<dyn Fn(&str) + Send + Sync>;
 
+/// Called when a queue becomes empty, with whether the last waiter left holding a wake-up it
+/// did not use (the PostgreSQL backend then passes the wake-up on to the next process in line).
+pub(crate) type OnEmptyWoken = Box<dyn Fn(&str, bool) + Send + Sync>;
+
 /// The wait queues of one backend: a FIFO per lock name; a release wakes one waiter.
 ///
 /// A backend built outside this crate uses it to implement [`crate::Backend::watch`] (return
@@ -53,6 +57,7 @@ pub struct WaitQueues {
     queues: Mutex<HashMap<String, Queue>>,
     next_id: AtomicU64,
     on_empty: Option<OnEmpty>,
+    on_empty_woken: Option<OnEmptyWoken>,
 }
 
 impl fmt::Debug for WaitQueues {
@@ -75,6 +80,18 @@ impl WaitQueues {
             queues: Mutex::new(HashMap::new()),
             next_id: AtomicU64::new(0),
             on_empty,
+            on_empty_woken: None,
+        })
+    }
+
+    /// Empty queues that call `on_empty(key, woken)` when a name's last waiter leaves;
+    /// `woken`: it left with a wake-up it did not use.
+    pub(crate) fn with_on_empty_woken(on_empty: OnEmptyWoken) -> Arc<Self> {
+        Arc::new(WaitQueues {
+            queues: Mutex::new(HashMap::new()),
+            next_id: AtomicU64::new(0),
+            on_empty: None,
+            on_empty_woken: Some(on_empty),
         })
     }
 
@@ -203,6 +220,9 @@ impl WaitQueues {
             drop(map);
             if let Some(cb) = &self.on_empty {
                 cb(key);
+            }
+            if let Some(cb) = &self.on_empty_woken {
+                cb(key, slot.woken.load(Ordering::Acquire));
             }
             return;
         }

@@ -198,8 +198,11 @@ mod pg {
                         Duration::from_secs(5),
                         c.batch_execute(&format!(
                             "DROP TABLE IF EXISTS {table}; DROP SEQUENCE IF EXISTS {table}_fence; \
+                             DROP TABLE IF EXISTS {table}_waiters; \
                              DROP FUNCTION IF EXISTS {table}_acquire_v1, {table}_acquire_nf_v1, \
-                             {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1;"
+                             {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1, \
+                             {table}_acquire_v2, {table}_acquire_nf_v2, {table}_release_v2, \
+                             {table}_leave_v2;"
                         )),
                     )
                     .await;

@@ -78,7 +78,8 @@ where
     })
 }
 
-/// The DDL of the lock table `table` (and its fencing sequence `<table>_fence`), as the backend
+/// The DDL of the lock table `table` (with its fencing sequence `<table>_fence` and its queue of
+/// waiting processes `<table>_waiters`), as the backend
 /// runs it on first use. Teams that manage migrations themselves apply this and may revoke
 /// `CREATE` from the application's role; the statements are idempotent (`IF NOT EXISTS`).
 ///
@@ -91,6 +92,17 @@ where
 ///     fence      bigint      NOT NULL,     -- fencing token of the hold, from the sequence
 ///     expires_at timestamptz NOT NULL      -- end of the lease, by the database clock
 /// );
+/// -- The queue of waiting processes (one row per process and name; see "PostgreSQL waiting" in
+/// -- the README). Unlogged: a row costs no WAL flush, and a server crash, which ends every
+/// -- listener anyway, empties it.
+/// CREATE UNLOGGED TABLE IF NOT EXISTS dlock_locks_waiters (
+///     name       bytea       NOT NULL,     -- the lock name waited for
+///     channel    text        NOT NULL,     -- the NOTIFY channel of the waiting process
+///     pid        integer     NOT NULL,     -- its listening session (pg_backend_pid())
+///     started_us bigint      NOT NULL,     -- that session's backend_start, µs since 1970
+///     since      timestamptz NOT NULL,     -- when it queued (the FIFO order)
+///     PRIMARY KEY (name, channel)
+/// );
 /// ```
 pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
     check_table(table)?;
@@ -102,6 +114,14 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
              count integer NOT NULL,\n    \
              fence bigint NOT NULL,\n    \
              expires_at timestamptz NOT NULL\n\
+         );\n\
+         CREATE UNLOGGED TABLE IF NOT EXISTS {table}_waiters (\n    \
+             name bytea NOT NULL,\n    \
+             channel text NOT NULL,\n    \
+             pid integer NOT NULL,\n    \
+             started_us bigint NOT NULL,\n    \
+             since timestamptz NOT NULL,\n    \
+             PRIMARY KEY (name, channel)\n\
          );\n"
     ))
 }
@@ -114,7 +134,11 @@ struct Sql {
     extend: String,
     sweep: String,
     schema: String,
+    /// Whether the waiters table exists (the FIFO needs it).
+    waiters_exist: String,
     channel: String,
+    /// The waiters' FIFO forms (v2) of acquire and release, and the leave statement.
+    fifo: Fifo,
     /// The `server_functions` form: the function DDL, the query that tells whether they
     /// exist, and the calls that replace `acquire`, `release` and `extend`.
     functions: Functions,
@@ -123,10 +147,27 @@ struct Sql {
 #[derive(Debug)]
 struct Functions {
     ddl: String,
+    /// Whether the v1 functions exist.
     exist: String,
+    /// Whether the v1 and v2 functions exist.
+    exist_fifo: String,
     acquire: String,
     release: String,
     extend: String,
+    fifo: Fifo,
+}
+
+/// The waiters' FIFO forms (v2), as statements or as calls of the server functions.
+#[derive(Debug)]
+struct Fifo {
+    acquire: String,
+    /// The release of a process with waiters of its own for the name (they queue).
+    release: String,
+    /// The release of a process without (statements only; the function does both).
+    release_light: String,
+    /// The deletion of dead listeners' rows that `release_light` reported.
+    cleanup: String,
+    leave: String,
 }
 
 /// The `NOTIFY` channel of the lock table `table`: `dlock_<table>` (a `.` becomes `_`),
@@ -141,8 +182,27 @@ const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
 
 /// The acquire and extend statements of `table`; `durable`: their commits wait for the WAL
 /// flush (the default).
-fn grant_statements(table: &str, durable: bool) -> (String, String) {
+fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) {
     {
+        // The FIFO form (v2): `$4` is the caller's channel (NULL: not queued), `$5`/`$6` its
+        // listener's pid and start. A busy answer queues the process (keeping its place when it
+        // is queued already); a grant takes it out of the queue.
+        let queue = if fifo {
+            format!(
+                ", enq AS ( \
+                   INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
+                   SELECT $1, $4::text, $5::integer, $6::bigint, c.now FROM c \
+                   WHERE $4::text IS NOT NULL \
+                     AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins) \
+                   ON CONFLICT (name, channel) DO NOTHING), \
+                 deq AS ( \
+                   DELETE FROM {table}_waiters w \
+                   WHERE $4::text IS NOT NULL AND w.name = $1 AND w.channel = $4::text \
+                     AND (EXISTS (SELECT 1 FROM upd) OR EXISTS (SELECT 1 FROM ins)))"
+            )
+        } else {
+            String::new()
+        };
         // Added to the `c` CTE of a statement whose commit need not wait for the disk.
         let grant_sc = if durable {
             String::new()
@@ -183,7 +243,7 @@ fn grant_statements(table: &str, durable: bool) -> (String, String) {
                WHERE NOT EXISTS (SELECT 1 FROM upd) \
                  AND NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1) \
                ON CONFLICT (name) DO NOTHING \
-               RETURNING fence, count) \
+               RETURNING fence, count){queue} \
              SELECT fence, count, NULL::bigint, NULL FROM upd \
              UNION ALL SELECT fence, count, NULL::bigint, NULL FROM ins \
              UNION ALL \
@@ -201,8 +261,137 @@ fn grant_statements(table: &str, durable: bool) -> (String, String) {
     }
 }
 
-/// The release statement of `table`, notifying on `channel`.
-fn release_statement(table: &str, channel: &str) -> String {
+/// Whether the waiter row `w` belongs to a listening session that is still alive: a session
+/// with its pid and start time (a row of another role's session whose start we may not read
+/// counts as alive).
+fn alive(w: &str) -> String {
+    format!(
+        "EXISTS (SELECT 1 FROM pg_stat_get_activity({w}.pid) a \
+                 WHERE a.backend_start IS NULL \
+                    OR (extract(epoch FROM a.backend_start) * 1000000)::bigint = {w}.started_us)"
+    )
+}
+
+/// The CTEs that pick the process to wake for a name freed when the CTE `fr` has a row: the
+/// oldest queued one (other than `$exclude`) whose listener is alive (`head`); the rows of dead
+/// listeners met on the way are deleted (`dead`).
+fn pick_head(table: &str, exclude: &str) -> String {
+    let alive = alive("w");
+    format!(
+        "live AS MATERIALIZED ( \
+           SELECT w.channel, w.since, {alive} AS alive FROM {table}_waiters w, fr \
+           WHERE w.name = $1{exclude}), \
+         dead AS ( \
+           DELETE FROM {table}_waiters w USING live \
+           WHERE w.name = $1 AND w.channel = live.channel AND NOT live.alive), \
+         head AS (SELECT channel FROM live WHERE alive ORDER BY since, channel LIMIT 1)"
+    )
+}
+
+/// The statement by which a process leaves the queue of a name (v2): `$1` name, `$2` its
+/// channel, `$3` pass: when the name is free, wake the next process in line (or every process,
+/// on the release channel, when none is queued), as a release would have.
+fn leave_statement(table: &str, channel: &str) -> String {
+    let head = pick_head(table, " AND w.channel <> $2::text");
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+         d AS (DELETE FROM {table}_waiters WHERE name = $1 AND channel = $2::text), \
+         fr AS MATERIALIZED ( \
+           SELECT 1 AS f FROM c WHERE $3::boolean AND NOT EXISTS ( \
+             SELECT 1 FROM {table} l WHERE l.name = $1 AND l.expires_at > c.now)), \
+         {head} \
+         SELECT pg_notify(coalesce((SELECT channel FROM head), '{channel}'), encode($1, 'hex'))::text \
+         FROM fr"
+    )
+}
+
+/// The v2 release of a process without waiters of its own for the name (`$1`..`$4` as v1): the
+/// v1 statement, but a freeing release notifies the oldest queued process whose listener is
+/// alive (or the table's channel when none is), and a third column tells whether rows of dead
+/// listeners were met (deleted separately). The queue is only read, one index probe when it is
+/// empty: the uncontended release costs what v1 costs.
+fn release_light_statement(table: &str, channel: &str) -> String {
+    let (alive, dead) = (alive("q"), alive("d"));
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+         upd AS ( \
+           UPDATE {table} l SET \
+             count = CASE WHEN l.count = 1 OR $3 THEN 0 ELSE l.count - 1 END, \
+             expires_at = CASE WHEN l.count = 1 OR $3 \
+                               THEN c.now + coalesce($4::bigint, 0) * interval '1 microsecond' \
+                               ELSE l.expires_at END \
+           FROM c \
+           WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
+           RETURNING l.count AS remaining) \
+         SELECT remaining, \
+                CASE WHEN remaining = 0 AND $4::bigint IS NULL THEN pg_notify(coalesce( \
+                  (SELECT q.channel FROM {table}_waiters q WHERE q.name = $1 AND {alive} \
+                   ORDER BY q.since, q.channel LIMIT 1), '{channel}'), encode($1, 'hex'))::text END, \
+                CASE WHEN remaining = 0 AND $4::bigint IS NULL THEN EXISTS ( \
+                  SELECT 1 FROM {table}_waiters d WHERE d.name = $1 AND NOT {dead}) \
+                ELSE false END \
+         FROM upd"
+    )
+}
+
+/// Deletes the queue rows of `$1` whose listening session is gone.
+fn cleanup_statement(table: &str) -> String {
+    let alive = alive("d");
+    format!("DELETE FROM {table}_waiters d WHERE d.name = $1 AND NOT {alive}")
+}
+
+/// The body of `<table>_release_v2`: the light release (one statement, as v1), then, only when
+/// needed, the deletion of dead listeners' rows and the queueing of the releasing process's own
+/// waiters (`$5`..`$7`) at the back.
+fn release_function_v2(table: &str, channel: &str) -> String {
+    let light = release_light_statement(table, channel);
+    let cleanup = cleanup_statement(table);
+    format!(
+        "DECLARE v_rem integer; v_n text; v_dead boolean; \
+         BEGIN \
+           {light} INTO v_rem, v_n, v_dead; \
+           IF NOT FOUND THEN RETURN; END IF; \
+           IF v_dead THEN {cleanup}; END IF; \
+           IF v_rem = 0 AND $5 IS NOT NULL THEN \
+             INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
+             VALUES ($1, $5, $6, $7, clock_timestamp()) ON CONFLICT (name, channel) DO NOTHING; \
+           END IF; \
+           r_remaining := v_rem; r_notified := v_n; RETURN NEXT; \
+         END"
+    )
+}
+
+/// The release statement of `table`, notifying on `channel`; `fifo` (v2): `$5`/`$6`/`$7` are
+/// the releasing process's channel, pid and start when it has waiters of its own for the name
+/// (NULL otherwise), which then queue behind the others; a freeing release wakes the oldest
+/// live queued process on its own channel, or every process on `channel` when none is queued.
+fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
+    if fifo {
+        let head = pick_head(table, "");
+        return format!(
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+             upd AS ( \
+               UPDATE {table} l SET \
+                 count = CASE WHEN l.count = 1 OR $3 THEN 0 ELSE l.count - 1 END, \
+                 expires_at = CASE WHEN l.count = 1 OR $3 \
+                                   THEN c.now + coalesce($4::bigint, 0) * interval '1 microsecond' \
+                                   ELSE l.expires_at END \
+               FROM c \
+               WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
+               RETURNING l.count AS remaining), \
+             fr AS MATERIALIZED (SELECT 1 AS f FROM upd WHERE remaining = 0 AND $4::bigint IS NULL), \
+             enq AS ( \
+               INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
+               SELECT $1, $5::text, $6::integer, $7::bigint, c.now FROM c, upd \
+               WHERE $5::text IS NOT NULL AND upd.remaining = 0 \
+               ON CONFLICT (name, channel) DO NOTHING), \
+             {head} \
+             SELECT remaining, CASE WHEN remaining = 0 AND $4::bigint IS NULL \
+                                    THEN pg_notify(coalesce((SELECT channel FROM head), '{channel}'), \
+                                                   encode($1, 'hex'))::text END \
+             FROM upd"
+        );
+    }
     {
         // Freed rows are kept (count 0, expires_at = release time) rather than deleted: a
         // takeover then mints its token with nextval() under the row lock, so tokens follow the
@@ -234,13 +423,19 @@ fn release_statement(table: &str, channel: &str) -> String {
 }
 
 /// Version of the server functions' bodies, part of their names: a release that changes a body
-/// changes the names, so processes of two versions never replace each other's functions.
+/// changes the names, so processes of two versions never replace each other's functions. v1:
+/// every release wakes every process (one local waiter each); v2 (the waiters' FIFO): the
+/// acquire and release functions take the caller's channel and a release wakes the next queued
+/// process only, plus `<table>_leave_v2`. v1 stays defined, for older processes.
 const FUNCTIONS_VERSION: u32 = 1;
+const FIFO_VERSION: u32 = 2;
 
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
 /// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
-/// and `<table>_extend_nf_v1`, each wrapping the statement the backend otherwise sends. Teams
+/// and `<table>_extend_nf_v1`, each wrapping the statement the backend otherwise sends, and the
+/// waiters' FIFO forms `<table>_acquire_v2`, `<table>_acquire_nf_v2`, `<table>_release_v2` and
+/// `<table>_leave_v2` (which need the `<table>_waiters` table of [`postgres_schema_sql`]). Teams
 /// that manage migrations apply it after [`postgres_schema_sql`]; idempotent (`CREATE OR
 /// REPLACE`).
 pub fn postgres_functions_sql(table: &str) -> Result<String, LockError> {
@@ -253,48 +448,90 @@ pub fn postgres_functions_sql(table: &str) -> Result<String, LockError> {
 fn functions(table: &str, durable: bool) -> Functions {
     let channel = channel_of(table);
     let v = FUNCTIONS_VERSION;
-    let (acquire_d, extend_d) = grant_statements(table, true);
-    let (acquire_nf, extend_nf) = grant_statements(table, false);
-    let release = release_statement(table, &channel);
+    let v2 = FIFO_VERSION;
+    let (acquire_d, extend_d) = grant_statements(table, true, false);
+    let (acquire_nf, extend_nf) = grant_statements(table, false, false);
+    let release = release_statement(table, &channel, false);
+    let (acquire_d2, _) = grant_statements(table, true, true);
+    let (acquire_nf2, _) = grant_statements(table, false, true);
+    let release2 = release_function_v2(table, &channel);
+    let leave2 = leave_statement(table, &channel);
     // Result columns are named r_*, unlike any table column, so no name in the bodies is
     // ambiguous between a column and an output parameter.
     let grant_args = "bytea, text, bigint";
+    let grant_args2 = "bytea, text, bigint, text, integer, bigint";
     let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
-    let defs: [(&str, &str, &str, &str); 5] = [
-        ("acquire", grant_args, acquire_ret, &acquire_d),
-        ("acquire_nf", grant_args, acquire_ret, &acquire_nf),
+    let release_ret = "r_remaining integer, r_notified text";
+    let defs: [(&str, u32, &str, &str, &str); 9] = [
+        ("acquire", v, grant_args, acquire_ret, &acquire_d),
+        ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf),
         (
             "release",
+            v,
             "bytea, text, boolean, bigint",
-            "r_remaining integer, r_notified text",
+            release_ret,
             &release,
         ),
-        ("extend", grant_args, "r_one integer", &extend_d),
-        ("extend_nf", grant_args, "r_one integer", &extend_nf),
+        ("extend", v, grant_args, "r_one integer", &extend_d),
+        ("extend_nf", v, grant_args, "r_one integer", &extend_nf),
+        ("acquire", v2, grant_args2, acquire_ret, &acquire_d2),
+        ("acquire_nf", v2, grant_args2, acquire_ret, &acquire_nf2),
+        (
+            "release",
+            v2,
+            "bytea, text, boolean, bigint, text, integer, bigint",
+            release_ret,
+            &release2,
+        ),
+        (
+            "leave",
+            v2,
+            "bytea, text, boolean",
+            "r_notified text",
+            &leave2,
+        ),
     ];
     let ddl = defs
         .iter()
-        .map(|(name, args, ret, body)| {
+        .map(|(name, ver, args, ret, body)| {
+            // A body that is not one statement is a whole PL/pgSQL block already.
+            let block = if body.starts_with("DECLARE") {
+                body.to_string()
+            } else {
+                format!("BEGIN RETURN QUERY {body}; END")
+            };
             format!(
-                "CREATE OR REPLACE FUNCTION {table}_{name}_v{v}({args}) RETURNS TABLE ({ret}) \
-                 LANGUAGE plpgsql AS $dlock$ BEGIN RETURN QUERY {body}; END $dlock$;\n"
+                "CREATE OR REPLACE FUNCTION {table}_{name}_v{ver}({args}) RETURNS TABLE ({ret}) \
+                 LANGUAGE plpgsql AS $dlock$ {block} $dlock$;\n"
             )
         })
         .collect();
-    let exist = defs
-        .iter()
-        .map(|(name, args, _, _)| {
-            format!("to_regprocedure('{table}_{name}_v{v}({args})') IS NOT NULL")
-        })
-        .collect::<Vec<_>>()
-        .join(" AND ");
+    let exist_of = |want: &dyn Fn(u32) -> bool| {
+        let e = defs
+            .iter()
+            .filter(|(_, ver, _, _, _)| want(*ver))
+            .map(|(name, ver, args, _, _)| {
+                format!("to_regprocedure('{table}_{name}_v{ver}({args})') IS NOT NULL")
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        format!("SELECT {e}")
+    };
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: format!("SELECT {exist}"),
+        exist: exist_of(&|ver| ver == v),
+        exist_fifo: exist_of(&|_| true),
         acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
         extend: format!("SELECT * FROM {table}_extend{nf}_v{v}($1, $2, $3)"),
+        fifo: Fifo {
+            acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v2}($1, $2, $3, $4, $5, $6)"),
+            release: format!("SELECT * FROM {table}_release_v{v2}($1, $2, $3, $4, $5, $6, $7)"),
+            release_light: String::new(),
+            cleanup: String::new(),
+            leave: format!("SELECT * FROM {table}_leave_v{v2}($1, $2, $3)"),
+        },
     }
 }
 
@@ -303,8 +540,15 @@ impl Sql {
     fn new(table: &str, durable: bool) -> Result<Sql, LockError> {
         let schema = postgres_schema_sql(table)?;
         let channel = channel_of(table);
-        let (acquire, extend) = grant_statements(table, durable);
-        let release = release_statement(table, &channel);
+        let (acquire, extend) = grant_statements(table, durable, false);
+        let release = release_statement(table, &channel, false);
+        let fifo = Fifo {
+            acquire: grant_statements(table, durable, true).0,
+            release: release_statement(table, &channel, true),
+            release_light: release_light_statement(table, &channel),
+            cleanup: cleanup_statement(table),
+            leave: leave_statement(table, &channel),
+        };
         let functions = functions(table, durable);
         // Rows idle this long can be deleted: a statement that took a sequence number before the
         // deletion is long dead (statement_timeout), so tokens still follow the grant order.
@@ -317,7 +561,9 @@ impl Sql {
             extend,
             sweep,
             schema,
+            waiters_exist: format!("SELECT to_regclass('{table}_waiters') IS NOT NULL"),
             channel,
+            fifo,
             functions,
         })
     }
@@ -340,6 +586,7 @@ pub struct PostgresBackendBuilder {
     synchronous_commit: bool,
     prepared_statements: bool,
     server_functions: Option<bool>,
+    fifo_wakeups: bool,
     tls_roots: Vec<Vec<u8>>,
 }
 
@@ -358,6 +605,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("synchronous_commit", &self.synchronous_commit)
             .field("prepared_statements", &self.prepared_statements)
             .field("server_functions", &self.server_functions)
+            .field("fifo_wakeups", &self.fifo_wakeups)
             .finish_non_exhaustive()
     }
 }
@@ -378,6 +626,7 @@ impl PostgresBackendBuilder {
             synchronous_commit: true,
             prepared_statements: false,
             server_functions: None,
+            fifo_wakeups: true,
             tls_roots: Vec::new(),
         }
     }
@@ -438,6 +687,16 @@ impl PostgresBackendBuilder {
     /// * `false`: never; the statements are sent whole.
     pub fn server_functions(mut self, on: bool) -> Self {
         self.server_functions = Some(on);
+        self
+    }
+
+    /// Whether waiting processes queue in the table `<table>_waiters` so that a release wakes
+    /// only the process that has waited longest (default true; see "PostgreSQL waiting" in the
+    /// README). Off, or when the waiters table is missing (`create_schema(false)` with an older
+    /// schema), or when the listener cannot keep one server session (a transaction-mode
+    /// pooler), every release wakes one waiter in every process (the v1 behaviour).
+    pub fn fifo_wakeups(mut self, on: bool) -> Self {
+        self.fifo_wakeups = on;
         self
     }
 
@@ -669,7 +928,16 @@ impl PostgresBackendBuilder {
         let cancel = CancellationToken::new();
         let (ready_tx, ready_rx) = tokio_watch::channel(false);
         let backend = PostgresBackend {
-            inner: Arc::new(Inner {
+            inner: Arc::new_cyclic(|weak: &std::sync::Weak<Inner>| Inner {
+                waiters: {
+                    let weak = weak.clone();
+                    WaitQueues::with_on_empty_woken(Box::new(move |name: &str, woken: bool| {
+                        if let Some(inner) = weak.upgrade() {
+                            PostgresBackend { inner }.queue_emptied(name, woken);
+                        }
+                    }))
+                },
+                queueing: Arc::default(),
                 pool,
                 listen_config,
                 sql,
@@ -677,7 +945,6 @@ impl PostgresBackendBuilder {
                 table: self.table.clone(),
                 op_timeout: self.op_timeout,
                 connect_timeout: self.connect_timeout,
-                waiters: WaitQueues::new(),
                 listener: Mutex::new(None),
                 connector,
                 rechecker: Mutex::new(None),
@@ -695,8 +962,25 @@ impl PostgresBackendBuilder {
         } else {
             backend.ping().await?;
         }
+        let mut fifo = self.fifo_wakeups
+            && !self.advisory
+            && backend.inner.listen_config.is_some()
+            && backend.waiters_table_exists().await?;
         if !self.advisory && self.server_functions != Some(false) {
-            match backend.ensure_functions(self.create_schema).await {
+            let mut r = backend.ensure_functions(self.create_schema, fifo).await;
+            if r.is_err() && fifo {
+                // The v1 functions alone (migrations of an older version): keep them, without
+                // the FIFO, rather than plan every statement.
+                if backend.ensure_functions(false, false).await.is_ok() {
+                    tracing::info!(
+                        table = %self.table,
+                        "dlock: PostgreSQL server functions of the waiters' FIFO (v2) missing; every release wakes every process (apply dlock::postgres_functions_sql for the FIFO)"
+                    );
+                    fifo = false;
+                    r = Ok(());
+                }
+            }
+            match r {
                 Ok(()) => backend
                     .inner
                     .functions
@@ -709,6 +993,11 @@ impl PostgresBackendBuilder {
                 ),
             }
         }
+        backend
+            .inner
+            .queueing
+            .fifo
+            .store(fifo, std::sync::atomic::Ordering::Relaxed);
         Ok(backend)
     }
 }
@@ -748,6 +1037,8 @@ struct Inner {
     op_timeout: Duration,
     connect_timeout: Duration,
     waiters: Arc<WaitQueues>,
+    /// The waiters' FIFO: this process's place in the database's queues.
+    queueing: Arc<Queueing>,
     listener: Mutex<Option<JoinHandle<()>>>,
     connector: Connector,
     rechecker: Mutex<Option<JoinHandle<()>>>,
@@ -761,6 +1052,52 @@ struct Inner {
     /// Calls of the server functions instead of the statements (see `server_functions`); set
     /// once at connect.
     functions: std::sync::atomic::AtomicBool,
+}
+
+/// The identity of a listening session, by which this process queues: its own channel
+/// `dlock_w<pid>_<start µs>`, its pid and its start (so a reused pid is not taken for it).
+#[derive(Debug, PartialEq, Eq)]
+struct Me {
+    channel: String,
+    pid: i32,
+    started_us: i64,
+}
+
+/// The waiters' FIFO state of one backend (shared with its listener).
+#[derive(Debug, Default)]
+struct Queueing {
+    /// Whether the FIFO is on (decided at connect).
+    fifo: std::sync::atomic::AtomicBool,
+    /// The listening session while it listens on its own channel.
+    me: Mutex<Option<Arc<Me>>>,
+    /// Names this process may have a row for, with the identity it queued under.
+    maybe_queued: Mutex<std::collections::HashMap<String, Arc<Me>>>,
+    /// Leave statements under way, per name (a new queueing for the name waits for its end, so
+    /// the deletion cannot overtake the new row).
+    leaving: Mutex<std::collections::HashMap<String, tokio_watch::Receiver<bool>>>,
+    acquire_statements: std::sync::atomic::AtomicU64,
+    queue_wakeups: std::sync::atomic::AtomicU64,
+    broadcast_wakeups: std::sync::atomic::AtomicU64,
+    passed_on: std::sync::atomic::AtomicU64,
+}
+
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Counters of one [`PostgresBackend`]'s waiting (see [`PostgresBackend::wait_stats`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresWaitStats {
+    /// Acquire statements (or function calls) sent, in lock-table mode.
+    pub acquire_statements: u64,
+    /// Notifications heard on this process's own channel (its turn in a waiters' queue).
+    pub queue_wakeups: u64,
+    /// Notifications heard on the table's release channel (every process hears those).
+    pub broadcast_wakeups: u64,
+    /// Turns passed on to the next process in line (a notification for a name no local caller
+    /// waits for any more, or a waiter that left with an unused wake-up).
+    pub passed_on: u64,
 }
 
 impl Drop for Inner {
@@ -881,14 +1218,16 @@ impl PostgresBackend {
     /// `server_functions`: creates the functions when missing (`create`), or checks that they
     /// exist. Checked first, so processes that start together rarely replace the functions at
     /// the same moment; a collision of two creations is retried.
-    async fn ensure_functions(&self, create: bool) -> Result<(), LockError> {
+    /// `fifo`: the v2 functions (the waiters' FIFO) are needed too.
+    async fn ensure_functions(&self, create: bool, fifo: bool) -> Result<(), LockError> {
         let f = &self.inner.sql.functions;
+        let exist_sql = if fifo { &f.exist_fifo } else { &f.exist };
         let pool = &self.inner.pool;
         let mut last = None;
         for attempt in 0..3u64 {
             let r = bounded("", "the server functions", self.inner.op_timeout, async {
                 let c = pool.get().await?;
-                let rows = c.simple_query(&f.exist).await?;
+                let rows = c.simple_query(exist_sql).await?;
                 let exist = rows.iter().any(|m| {
                     matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
                 });
@@ -911,6 +1250,157 @@ impl PostgresBackend {
             tokio::time::sleep(Duration::from_millis(20 + 30 * attempt)).await;
         }
         Err(last.unwrap_or_else(|| LockError::Config("server function creation failed".into())))
+    }
+
+    /// Whether the table of the waiters' FIFO exists.
+    async fn waiters_table_exists(&self) -> Result<bool, LockError> {
+        let pool = &self.inner.pool;
+        let sql = &self.inner.sql.waiters_exist;
+        bounded(
+            "",
+            "the waiters table check",
+            self.inner.op_timeout,
+            async {
+                let c = pool.get().await?;
+                let rows = c.simple_query(sql).await?;
+                Ok::<_, DynError>(rows.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
+            }))
+            },
+        )
+        .await
+    }
+
+    /// Counters of this backend's waiting: acquire statements sent, wake-ups heard on its own
+    /// channel (its turn in a waiters' queue) and on the release channel, turns passed on.
+    pub fn wait_stats(&self) -> PostgresWaitStats {
+        use std::sync::atomic::Ordering::Relaxed;
+        let q = &self.inner.queueing;
+        PostgresWaitStats {
+            acquire_statements: q.acquire_statements.load(Relaxed),
+            queue_wakeups: q.queue_wakeups.load(Relaxed),
+            broadcast_wakeups: q.broadcast_wakeups.load(Relaxed),
+            passed_on: q.passed_on.load(Relaxed),
+        }
+    }
+
+    /// The channel on which this process hears its turn in the waiters' FIFO
+    /// (`dlock_w<listener pid>_<listener start, µs>`), while its listener listens on it; `None`
+    /// when the FIFO is off (see [`PostgresBackendBuilder::fifo_wakeups`]) or not listening.
+    pub fn fifo_channel(&self) -> Option<String> {
+        locked(&self.inner.queueing.me)
+            .as_ref()
+            .map(|m| m.channel.clone())
+    }
+
+    /// The identity to queue under for `name`, when the FIFO is on, the listener listens on its
+    /// own channel and callers of this process wait for `name`.
+    fn queue_as(&self, name: &str) -> Option<Arc<Me>> {
+        let q = &self.inner.queueing;
+        if !q.fifo.load(std::sync::atomic::Ordering::Relaxed)
+            || !self.inner.waiters.has_waiters(name)
+        {
+            return None;
+        }
+        locked(&q.me).clone()
+    }
+
+    /// Before a statement that may queue this process for `name`: waits (bounded) for a leave
+    /// statement of the name still under way, and notes that a row may exist.
+    async fn before_queueing(&self, name: &str, me: &Arc<Me>) {
+        let q = &self.inner.queueing;
+        let pending = locked(&q.leaving).get(name).cloned();
+        if let Some(mut rx) = pending {
+            let _ = tokio::time::timeout(self.inner.op_timeout, rx.wait_for(|d| *d)).await;
+        }
+        locked(&q.maybe_queued).insert(name.to_string(), me.clone());
+    }
+
+    /// The last local waiter of `name` left (a grant, a time-out, a cancelled wait): the row
+    /// of this process, if it may have one, is deleted, and a wake-up it left unused is passed
+    /// on to the next process in line, in the background.
+    fn queue_emptied(&self, name: &str, woken: bool) {
+        let q = &self.inner.queueing;
+        if !q.fifo.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
+        let queued = locked(&q.maybe_queued).remove(name);
+        let me = match queued {
+            Some(m) => m,
+            None if woken => match locked(&q.me).clone() {
+                Some(m) => m,
+                None => return,
+            },
+            None => return,
+        };
+        self.spawn_leave(name, me, woken);
+    }
+
+    /// Deletes, in the background, the queue rows of `name` whose listeners are gone (a light
+    /// release met some).
+    fn spawn_cleanup(&self, name: &str) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let b = self.clone();
+        let name = name.to_string();
+        rt.spawn(async move {
+            let r = b
+                .query(
+                    &name,
+                    "the queue clean-up",
+                    &b.inner.sql.fifo.cleanup,
+                    &[(&name.as_bytes(), Type::BYTEA)],
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(key = %name, error = %e, "dlock: PostgreSQL clean-up of the waiters' queue failed");
+            }
+        });
+    }
+
+    /// Runs the leave statement of `name` for the identity `me` in the background; `pass`: wake
+    /// the next process in line when the name is free.
+    fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let q = &self.inner.queueing;
+        if pass {
+            q.passed_on
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        let (tx, rx) = tokio_watch::channel(false);
+        locked(&q.leaving).insert(name.to_string(), rx.clone());
+        let b = self.clone();
+        let name = name.to_string();
+        rt.spawn(async move {
+            let sql = if b.uses_server_functions() {
+                &b.inner.sql.functions.fifo.leave
+            } else {
+                &b.inner.sql.fifo.leave
+            };
+            let r = b
+                .query(
+                    &name,
+                    "the leave statement",
+                    sql,
+                    &[
+                        (&name.as_bytes(), Type::BYTEA),
+                        (&me.channel.as_str(), Type::TEXT),
+                        (&pass, Type::BOOL),
+                    ],
+                )
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(key = %name, error = %e, "dlock: PostgreSQL leave of the waiters' queue failed");
+            }
+            let _ = tx.send(true);
+            let mut map = locked(&b.inner.queueing.leaving);
+            if map.get(&name).is_some_and(|r| r.same_channel(&rx)) {
+                map.remove(&name);
+            }
+        });
     }
 
     /// The acquire, release or extend SQL to send: the statement, or its function's call.
@@ -1027,6 +1517,8 @@ impl PostgresBackend {
                     self.inner.connector.clone(),
                     self.inner.sql.channel.clone(),
                     Arc::downgrade(&self.inner.waiters),
+                    self.inner.queueing.clone(),
+                    Arc::downgrade(&self.inner),
                     self.inner.ready_tx.clone(),
                     self.inner.cancel.clone(),
                     self.inner.op_timeout,
@@ -1058,17 +1550,24 @@ pub(crate) fn hex_name(payload: &str) -> Option<String> {
 /// The listening connection: connect, `LISTEN`, turn each notification into one local wake-up,
 /// check the connection every few seconds, reconnect with back-off. Every (re)connect and every
 /// loss wakes all waiters, as releases may have been missed in between.
+///
+/// With the waiters' FIFO on, it also `LISTEN`s on a channel of its own session
+/// (`dlock_w<pid>_<start>`), on which a release wakes this process when it is first in line; a
+/// notification there for a name no local caller waits for is passed on to the next process.
 #[allow(clippy::too_many_arguments)]
 async fn listen_loop(
     cfg: tokio_postgres::Config,
     connector: Connector,
     channel: String,
     waiters: std::sync::Weak<WaitQueues>,
+    queueing: Arc<Queueing>,
+    inner: std::sync::Weak<Inner>,
     ready: Arc<tokio_watch::Sender<bool>>,
     cancel: CancellationToken,
     op_timeout: Duration,
     connect_timeout: Duration,
 ) {
+    use std::sync::atomic::Ordering::Relaxed;
     let mut backoff = Duration::from_millis(100);
     loop {
         if cancel.is_cancelled() || waiters.strong_count() == 0 {
@@ -1076,12 +1575,29 @@ async fn listen_loop(
         }
         let w = waiters.clone();
         let chan = channel.clone();
+        let own: Arc<std::sync::OnceLock<Arc<Me>>> = Arc::default();
+        let (own_n, q_n, inner_n) = (own.clone(), queueing.clone(), inner.clone());
         let on: OnNotify = Box::new(move |n: &tokio_postgres::Notification| {
-            if n.channel() == chan
-                && let Some(name) = hex_name(n.payload())
-                && let Some(w) = w.upgrade()
-            {
-                w.wake_one(&name);
+            let Some(name) = hex_name(n.payload()) else {
+                return;
+            };
+            if n.channel() == chan {
+                q_n.broadcast_wakeups.fetch_add(1, Relaxed);
+                if let Some(w) = w.upgrade() {
+                    w.wake_one(&name);
+                }
+            } else if let Some(me) = own_n.get().filter(|m| m.channel == n.channel()) {
+                q_n.queue_wakeups.fetch_add(1, Relaxed);
+                let Some(w) = w.upgrade() else { return };
+                // A caller here is woken; or one already woken retries after this release
+                // anyway; or nobody here waits for the name any more: the turn goes on.
+                if !w.wake_one(&name)
+                    && !w.has_waiters(&name)
+                    && let Some(inner) = inner_n.upgrade()
+                {
+                    locked(&q_n.maybe_queued).remove(&name);
+                    PostgresBackend { inner }.spawn_leave(&name, me.clone(), true);
+                }
             }
         });
         if let Ok(Ok((client, mut driver))) =
@@ -1091,6 +1607,13 @@ async fn listen_loop(
             if let Ok(Ok(())) =
                 tokio::time::timeout(op_timeout, client.batch_execute(&listen)).await
             {
+                if queueing.fifo.load(Relaxed)
+                    && let Some(me) = listen_own(&client, &inner, op_timeout).await
+                {
+                    let me = Arc::new(me);
+                    let _ = own.set(me.clone());
+                    *locked(&queueing.me) = Some(me);
+                }
                 backoff = Duration::from_millis(100);
                 let _ = ready.send(true);
                 if let Some(w) = waiters.upgrade() {
@@ -1113,6 +1636,7 @@ async fn listen_loop(
                 }
             }
             driver.abort();
+            *locked(&queueing.me) = None;
             let _ = ready.send(false);
             if let Some(w) = waiters.upgrade() {
                 w.wake_all();
@@ -1127,6 +1651,115 @@ async fn listen_loop(
     }
 }
 
+/// Whether a session advisory lock taken on `client` can be taken from a connection of `pool`
+/// too (so both run in one server session); `None` when the probe fails.
+async fn shares_session(
+    client: &tokio_postgres::Client,
+    pool: &Pool,
+    seed: u64,
+    op_timeout: Duration,
+) -> Option<bool> {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(seed);
+    let key = h.finish() as i64;
+    let first = |msgs: Vec<tokio_postgres::SimpleQueryMessage>| {
+        msgs.into_iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(|v| v == "t"),
+            _ => None,
+        })
+    };
+    let lock = format!("SELECT pg_try_advisory_lock({key})");
+    let unlock = format!("SELECT pg_advisory_unlock({key})");
+    let took = first(
+        tokio::time::timeout(op_timeout, client.simple_query(&lock))
+            .await
+            .ok()?
+            .ok()?,
+    )?;
+    if !took {
+        // The random key is held elsewhere (vanishingly rare): nothing to conclude.
+        return Some(false);
+    }
+    let shared = async {
+        let c = tokio::time::timeout(op_timeout, pool.get())
+            .await
+            .ok()?
+            .ok()?;
+        let r = first(
+            tokio::time::timeout(op_timeout, c.simple_query(&lock))
+                .await
+                .ok()?
+                .ok()?,
+        )?;
+        if r {
+            let _ = tokio::time::timeout(op_timeout, c.simple_query(&unlock)).await;
+        }
+        Some(r)
+    }
+    .await;
+    let _ = tokio::time::timeout(op_timeout, client.simple_query(&unlock)).await;
+    shared
+}
+
+/// The listening session's own channel: its pid and start, read twice, and `LISTEN` on it.
+/// `None` when any of it fails, or behind a transaction-mode pooler, whose server sessions are
+/// not the client's (notifications for the channel could reach another client): two readings
+/// that disagree, or a probe advisory lock taken by the listener that a pooled connection of
+/// the backend can take too (the pooler handed it the listener's idle server session, as
+/// PgBouncer does by default; the check of advisory mode).
+async fn listen_own(
+    client: &tokio_postgres::Client,
+    inner: &std::sync::Weak<Inner>,
+    op_timeout: Duration,
+) -> Option<Me> {
+    let ident = || async {
+        let rows = tokio::time::timeout(
+            op_timeout,
+            client.simple_query(
+                "SELECT pg_backend_pid(), (extract(epoch FROM backend_start) * 1000000)::bigint \
+                 FROM pg_stat_get_activity(pg_backend_pid())",
+            ),
+        )
+        .await
+        .ok()?
+        .ok()?;
+        rows.iter().find_map(|m| match m {
+            tokio_postgres::SimpleQueryMessage::Row(r) => Some((
+                r.get(0)?.parse::<i32>().ok()?,
+                r.get(1)?.parse::<i64>().ok()?,
+            )),
+            _ => None,
+        })
+    };
+    let a = ident().await?;
+    let b = ident().await?;
+    let shared = a != b || {
+        let pool = inner.upgrade()?.pool.clone();
+        // A probe that fails (a busy pool) concludes nothing: the FIFO stays on.
+        shares_session(client, &pool, a.0 as u64 ^ a.1 as u64, op_timeout)
+            .await
+            .unwrap_or(false)
+    };
+    if shared {
+        tracing::info!(
+            "dlock: the PostgreSQL listener's server session is shared (a transaction-mode pooler); waiters' FIFO off"
+        );
+        return None;
+    }
+    let me = Me {
+        channel: format!("dlock_w{}_{}", a.0, a.1),
+        pid: a.0,
+        started_us: a.1,
+    };
+    let listen = format!("LISTEN \"{}\"", me.channel);
+    matches!(
+        tokio::time::timeout(op_timeout, client.batch_execute(&listen)).await,
+        Ok(Ok(()))
+    )
+    .then_some(me)
+}
+
 impl Backend for PostgresBackend {
     fn try_acquire<'a>(
         &'a self,
@@ -1139,18 +1772,56 @@ impl Backend for PostgresBackend {
                 return a.try_acquire(name, owner).await;
             }
             let ttl_us = micros(ttl);
-            let rows = self
-                .query(
-                    name,
-                    "the acquire statement",
-                    self.sql_for(|s| &s.acquire, |f| &f.acquire),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&owner, Type::TEXT),
-                        (&ttl_us, Type::INT8),
-                    ],
-                )
-                .await?;
+            let q = &self.inner.queueing;
+            q.acquire_statements
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            // Queued (v2) only when callers here wait for the name: a first try, a try with no
+            // wait, an uncontended acquire send the v1 statement, which never writes the queue.
+            let me = self.queue_as(name);
+            let rows = match &me {
+                None => {
+                    self.query(
+                        name,
+                        "the acquire statement",
+                        self.sql_for(|s| &s.acquire, |f| &f.acquire),
+                        &[
+                            (&name.as_bytes(), Type::BYTEA),
+                            (&owner, Type::TEXT),
+                            (&ttl_us, Type::INT8),
+                        ],
+                    )
+                    .await?
+                }
+                Some(m) => {
+                    self.before_queueing(name, m).await;
+                    let rows = self
+                        .query(
+                            name,
+                            "the acquire statement",
+                            self.sql_for(|s| &s.fifo.acquire, |f| &f.fifo.acquire),
+                            &[
+                                (&name.as_bytes(), Type::BYTEA),
+                                (&owner, Type::TEXT),
+                                (&ttl_us, Type::INT8),
+                                (&m.channel.as_str(), Type::TEXT),
+                                (&m.pid, Type::INT4),
+                                (&m.started_us, Type::INT8),
+                            ],
+                        )
+                        .await?;
+                    // A grant took this process out of the queue.
+                    if rows
+                        .first()
+                        .is_some_and(|r| r.try_get::<_, Option<i64>>(0).ok().flatten().is_some())
+                    {
+                        let mut mq = locked(&q.maybe_queued);
+                        if mq.get(name).is_some_and(|x| Arc::ptr_eq(x, m)) {
+                            mq.remove(name);
+                        }
+                    }
+                    rows
+                }
+            };
             let Some(row) = rows.first() else {
                 // The conflicting row was committed after this statement's snapshot: held.
                 return Ok(Acquired::Busy { remaining: None });
@@ -1182,8 +1853,61 @@ impl Backend for PostgresBackend {
                 return a.release(name, owner, keep_for, all).await;
             }
             let keep: Option<i64> = keep_for.filter(|k| !k.is_zero()).map(micros);
-            let rows = self
-                .query(
+            let rows = if self
+                .inner
+                .queueing
+                .fifo
+                .load(std::sync::atomic::Ordering::Relaxed)
+            {
+                // The v2 release wakes the next queued process; callers of this process that
+                // wait for the name queue behind the others.
+                let me = self.queue_as(name);
+                if let Some(m) = &me {
+                    self.before_queueing(name, m).await;
+                }
+                let (ch, pid, started) = match &me {
+                    Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
+                    None => (None, None, None),
+                };
+                if me.is_none() && !self.uses_server_functions() {
+                    let rows = self
+                        .query(
+                            name,
+                            "the release statement",
+                            &self.inner.sql.fifo.release_light,
+                            &[
+                                (&name.as_bytes(), Type::BYTEA),
+                                (&owner, Type::TEXT),
+                                (&all, Type::BOOL),
+                                (&keep, Type::INT8),
+                            ],
+                        )
+                        .await?;
+                    if rows.first().is_some_and(|r| {
+                        r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true)
+                    }) {
+                        self.spawn_cleanup(name);
+                    }
+                    rows
+                } else {
+                    self.query(
+                        name,
+                        "the release statement",
+                        self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release),
+                        &[
+                            (&name.as_bytes(), Type::BYTEA),
+                            (&owner, Type::TEXT),
+                            (&all, Type::BOOL),
+                            (&keep, Type::INT8),
+                            (&ch, Type::TEXT),
+                            (&pid, Type::INT4),
+                            (&started, Type::INT8),
+                        ],
+                    )
+                    .await?
+                }
+            } else {
+                self.query(
                     name,
                     "the release statement",
                     self.sql_for(|s| &s.release, |f| &f.release),
@@ -1194,7 +1918,8 @@ impl Backend for PostgresBackend {
                         (&keep, Type::INT8),
                     ],
                 )
-                .await?;
+                .await?
+            };
             let Some(row) = rows.first() else {
                 return Ok(Released::NotOwner);
             };
