@@ -305,13 +305,9 @@ fn leave_statement(table: &str, channel: &str) -> String {
     )
 }
 
-/// The v2 release of a process without waiters of its own for the name (`$1`..`$4` as v1): the
-/// v1 statement, but a freeing release notifies the oldest queued process whose listener is
-/// alive (or the table's channel when none is), and a third column tells whether rows of dead
-/// listeners were met (deleted separately). The queue is only read, one index probe when it is
-/// empty: the uncontended release costs what v1 costs.
-fn release_light_statement(table: &str, channel: &str) -> String {
-    let (alive, dead) = (alive("q"), alive("d"));
+/// The start of every release statement: one reading of `clock_timestamp()` (the CTE `c`) and
+/// the owner-checked decrement or free (the CTE `upd`, returning the holds left).
+fn release_update(table: &str) -> String {
     format!(
         "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
          upd AS ( \
@@ -322,7 +318,20 @@ fn release_light_statement(table: &str, channel: &str) -> String {
                                ELSE l.expires_at END \
            FROM c \
            WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
-           RETURNING l.count AS remaining) \
+           RETURNING l.count AS remaining)"
+    )
+}
+
+/// The v2 release of a process without waiters of its own for the name (`$1`..`$4` as v1): the
+/// v1 statement, but a freeing release notifies the oldest queued process whose listener is
+/// alive (or the table's channel when none is), and a third column tells whether rows of dead
+/// listeners were met (deleted separately). The queue is only read, one index probe when it is
+/// empty: the uncontended release costs what v1 costs.
+fn release_light_statement(table: &str, channel: &str) -> String {
+    let upd = release_update(table);
+    let (alive, dead) = (alive("q"), alive("d"));
+    format!(
+        "{upd} \
          SELECT remaining, \
                 CASE WHEN remaining = 0 AND $4::bigint IS NULL THEN pg_notify(coalesce( \
                   (SELECT q.channel FROM {table}_waiters q WHERE q.name = $1 AND {alive} \
@@ -366,19 +375,11 @@ fn release_function_v2(table: &str, channel: &str) -> String {
 /// (NULL otherwise), which then queue behind the others; a freeing release wakes the oldest
 /// live queued process on its own channel, or every process on `channel` when none is queued.
 fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
+    let upd = release_update(table);
     if fifo {
         let head = pick_head(table, "");
         return format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
-             upd AS ( \
-               UPDATE {table} l SET \
-                 count = CASE WHEN l.count = 1 OR $3 THEN 0 ELSE l.count - 1 END, \
-                 expires_at = CASE WHEN l.count = 1 OR $3 \
-                                   THEN c.now + coalesce($4::bigint, 0) * interval '1 microsecond' \
-                                   ELSE l.expires_at END \
-               FROM c \
-               WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
-               RETURNING l.count AS remaining), \
+            "{upd}, \
              fr AS MATERIALIZED (SELECT 1 AS f FROM upd WHERE remaining = 0 AND $4::bigint IS NULL), \
              enq AS ( \
                INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
@@ -404,16 +405,7 @@ fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
         // until its lease ends (as a crashed holder does), and any grant that follows it is
         // committed durably, which flushes the WAL up to and including this release first.
         let release = format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
-             upd AS ( \
-               UPDATE {table} l SET \
-                 count = CASE WHEN l.count = 1 OR $3 THEN 0 ELSE l.count - 1 END, \
-                 expires_at = CASE WHEN l.count = 1 OR $3 \
-                                   THEN c.now + coalesce($4::bigint, 0) * interval '1 microsecond' \
-                                   ELSE l.expires_at END \
-               FROM c \
-               WHERE l.name = $1 AND l.owner = $2 AND l.count > 0 AND l.expires_at > c.now \
-               RETURNING l.count AS remaining) \
+            "{upd} \
              SELECT remaining, CASE WHEN remaining = 0 AND $4::bigint IS NULL \
                                     THEN pg_notify('{channel}', encode($1, 'hex'))::text END \
              FROM upd"
