@@ -1190,4 +1190,10 @@ impl Backend for EtcdBackend {
     fn queues_contenders(&self) -> bool {
         true
     }
+
+    /// The session (ZooKeeper) or the shared lease (etcd) keeps a node or key alive, not the
+    /// hold's ttl.
+    fn lease_expires_by_ttl(&self) -> bool {
+        false
+    }
 }

@@ -134,6 +134,15 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// True when a hold that nobody renews ends by itself once its ttl has run out on the server
+    /// (Redis, the lock tables, memory). False when the backend keeps the hold alive on its own
+    /// (a ZooKeeper session, an etcd lease shared with other holds, a PostgreSQL advisory
+    /// session): the runtime then gives such a hold back itself once its guard is lost or its
+    /// `max_hold` is reached, since nothing else would ever free it. Default: true.
+    fn lease_expires_by_ttl(&self) -> bool {
+        true
+    }
+
     /// A future that completes when the backend learns, without being asked, that `owner`'s
     /// hold of `name` is gone (ZooKeeper: the session that holds it expired or was closed). The
     /// guard then marks the hold lost at once ([`crate::LostReason::NotOwner`]) instead of at

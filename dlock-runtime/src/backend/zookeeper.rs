@@ -1109,6 +1109,12 @@ impl Backend for ZookeeperBackend {
         true
     }
 
+    /// The session (ZooKeeper) or the shared lease (etcd) keeps a node or key alive, not the
+    /// hold's ttl.
+    fn lease_expires_by_ttl(&self) -> bool {
+        false
+    }
+
     /// The session is the lease: the guard counts on at most the negotiated session timeout
     /// from its last answered check (`extend` reads the node), so a holder cut off from the
     /// ensemble counts itself lost by the time the servers may expire its session.

@@ -1974,6 +1974,11 @@ impl Backend for PostgresBackend {
     fn has_waiters(&self, name: &str) -> bool {
         self.inner.waiters.has_waiters(name)
     }
+
+    /// Advisory mode: a session lock lives as long as the backend's dedicated session.
+    fn lease_expires_by_ttl(&self) -> bool {
+        self.inner.advisory.is_none()
+    }
 }
 
 #[cfg(test)]
