@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Backend, Extended, Released};
 use crate::context::{self, Frame};
+use crate::give_back::{Call, GiveBack, ReleaseFuture};
 use crate::watchdog::{self, Slot};
 use crate::{LockError, LostReason};
 
@@ -134,6 +135,20 @@ impl Hold {
             self.lost.cancel();
             self.stop.cancel();
             self.metric.lost(self.acquired_at);
+            // A hold kept alive by a session or a lease shared with other holds (ZooKeeper,
+            // etcd, advisory mode) never ends by itself: once its guard can no longer vouch for
+            // it (its deadline or `max_hold` passed), give it back, or code that hangs would hold
+            // the name for as long as the process lives. The server already freed a hold lost
+            // to another owner.
+            if reason != LostReason::NotOwner && !self.backend.lease_expires_by_ttl() {
+                GiveBack::all(
+                    self.backend.clone(),
+                    &self.name,
+                    self.owner.clone(),
+                    self.ttl(),
+                )
+                .spawn();
+            }
         }
     }
 
@@ -543,21 +558,11 @@ pub(crate) async fn poll_once<F: Future + Unpin>(fut: &mut F) -> std::task::Poll
     std::future::poll_fn(|cx| std::task::Poll::Ready(std::pin::Pin::new(&mut *fut).poll(cx))).await
 }
 
-type ReleaseFuture = std::pin::Pin<Box<dyn Future<Output = Result<Released, LockError>> + Send>>;
-
 /// A release call in flight. Dropped before its reply was read (the caller stopped waiting: a
-/// deadline, a cancelled future), it finishes in the background, bounded by
-/// [`give_back_bound`], and logs a failure.
+/// deadline, a cancelled future), it finishes in the background ([`GiveBack`]).
 struct PendingRelease {
     hold: Arc<Hold>,
     call: Option<Call>,
-}
-
-/// A release future with what is needed to send it again: a future once polled on a runtime
-/// holds that runtime's timers and cannot be finished on another one.
-struct Call {
-    fut: ReleaseFuture,
-    polled: Arc<std::sync::atomic::AtomicBool>,
     keep: Option<Duration>,
     all: bool,
 }
@@ -565,20 +570,17 @@ struct Call {
 impl PendingRelease {
     fn new(hold: Arc<Hold>, keep: Option<Duration>, all: bool) -> Self {
         let h = hold.clone();
-        let polled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let polled = Arc::new(AtomicBool::new(false));
         let p = polled.clone();
         let fut: ReleaseFuture = Box::pin(async move {
-            p.store(true, std::sync::atomic::Ordering::Release);
+            p.store(true, Ordering::Release);
             h.backend.release(&h.name, &h.owner, keep, all).await
         });
         PendingRelease {
             hold,
-            call: Some(Call {
-                fut,
-                polled,
-                keep,
-                all,
-            }),
+            call: Some(Call { fut, polled }),
+            keep,
+            all,
         }
     }
 
@@ -595,110 +597,17 @@ impl PendingRelease {
 impl Drop for PendingRelease {
     fn drop(&mut self) {
         if let Some(call) = self.call.take() {
-            give_back_in_background(self.hold.clone(), call);
-        }
-    }
-}
-
-/// How long a background give-back may take: the lease frees itself on the server after its
-/// ttl anyway, so waiting longer than that (at least 1 s, at most 30 s) serves nothing.
-pub(crate) fn give_back_bound(ttl: Duration) -> Duration {
-    ttl.clamp(Duration::from_secs(1), Duration::from_secs(30))
-}
-
-/// Finishes a release in the background, bounded, logging what could not be given back.
-///
-/// On a runtime that is shutting down the spawned task never runs: its drop guard then gives
-/// back on a helper thread with a runtime of its own, and waits for it at most
-/// [`SHUTDOWN_GIVE_BACK`]. Outside any runtime the helper thread is used directly.
-fn give_back_in_background(hold: Arc<Hold>, call: Call) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        give_back_on_a_thread(hold, call);
-        return;
-    };
-    let mut task = Unfinished {
-        hold,
-        call: Some(call),
-    };
-    rt.spawn(async move {
-        let bound = give_back_bound(task.hold.ttl());
-        let fut = &mut task.call.as_mut().expect("set until finished").fut;
-        let r = tokio::time::timeout(bound, fut).await;
-        task.call = None;
-        match r {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => {
-                tracing::warn!(key = %task.hold.name, error = %e, "dlock: background release failed; the lock frees when its lease runs out")
-            }
-            Err(_) => {
-                tracing::warn!(key = %task.hold.name, bound_ms = bound.as_millis() as u64, "dlock: background release not confirmed in time; the lock frees when its lease runs out")
-            }
-        }
-    });
-}
-
-/// How long a give-back during runtime shutdown (or outside a runtime) may block the dropping
-/// thread.
-pub(crate) const SHUTDOWN_GIVE_BACK: Duration = Duration::from_secs(1);
-
-/// A background release whose task was dropped before it finished (its runtime shut down).
-struct Unfinished {
-    hold: Arc<Hold>,
-    call: Option<Call>,
-}
-
-impl Drop for Unfinished {
-    fn drop(&mut self) {
-        if let Some(call) = self.call.take() {
-            give_back_on_a_thread(self.hold.clone(), call);
-        }
-    }
-}
-
-/// Runs the release on a new thread with its own runtime, bounded by [`SHUTDOWN_GIVE_BACK`],
-/// and waits for it as long; logs what could not be given back. A call already polled on the
-/// runtime that is going away holds that runtime's timers and is not polled again: an outermost
-/// release is sent anew (giving back every hold is idempotent); an inner one is left to the
-/// outermost release, which deletes the lock whatever its count.
-fn give_back_on_a_thread(hold: Arc<Hold>, call: Call) {
-    let fut = if !call.polled.load(std::sync::atomic::Ordering::Acquire) {
-        call.fut
-    } else if call.all {
-        drop(call.fut);
-        let h = hold.clone();
-        let keep = call.keep;
-        Box::pin(async move { h.backend.release(&h.name, &h.owner, keep, true).await })
-    } else {
-        tracing::debug!(key = %hold.name, "dlock: an inner release was cut off by its runtime's shutdown; the outermost release clears its count");
-        return;
-    };
-    let (tx, rx) = std::sync::mpsc::channel();
-    let name = hold.name.clone();
-    let spawned = std::thread::Builder::new()
-        .name("dlock-give-back".into())
-        .spawn(move || {
-            let r = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())
-                .and_then(|rt| {
-                    rt.block_on(async move { tokio::time::timeout(SHUTDOWN_GIVE_BACK, fut).await })
-                        .map_err(|_| "no reply in time".to_string())
-                        .and_then(|r| r.map(|_| ()).map_err(|e| e.to_string()))
-                });
-            if let Err(e) = &r {
-                tracing::warn!(key = %hold.name, error = %e, "dlock: could not give the lock back while the runtime shut down; it frees when its lease runs out");
-            }
-            let _ = tx.send(());
-        });
-    match spawned {
-        Ok(_) => {
-            if rx.recv_timeout(SHUTDOWN_GIVE_BACK).is_err() {
-                tracing::warn!(key = %name, "dlock: giving the lock back at shutdown is still running; it frees when its lease runs out if the process exits first");
-            }
-        }
-        Err(e) => {
-            tracing::warn!(key = %name, error = %e, "dlock: no thread to give the lock back at shutdown; it frees when its lease runs out")
+            let h = &self.hold;
+            GiveBack::finish(
+                h.backend.clone(),
+                &h.name,
+                h.owner.clone(),
+                h.ttl(),
+                call,
+                self.keep,
+                self.all,
+            )
+            .spawn();
         }
     }
 }

@@ -20,6 +20,7 @@ pub mod admin;
 mod backend;
 mod context;
 mod error;
+mod give_back;
 mod guard;
 mod key;
 mod lock;

@@ -9,6 +9,7 @@ use tracing::Instrument;
 
 use crate::backend::{Acquired, Backend, Watch};
 use crate::context;
+use crate::give_back::GiveBack;
 use crate::guard::{GuardInit, LockGuard, backend_id};
 use crate::{LockError, key, registry};
 
@@ -236,268 +237,350 @@ impl Lock {
         r
     }
 
+    /// The acquire loop, in four phases: **try** (one bounded try, whose unread reply is given
+    /// back), **queue** (subscribe to the name's releases), **wait** (sleep until a release, the
+    /// holder's lease end or the deadline) and **give back** (the drop guards: an unread try by
+    /// [`InFlight`], a queued contender by [`GiveUp`], a late grant at once).
     async fn acquire_loop(
         &self,
         backend: &Arc<dyn Backend>,
-        mut owner: Arc<str>,
+        owner: Arc<str>,
         parent: Option<Arc<crate::guard::Hold>>,
         started: Instant,
         labels: &crate::metrics::Labels,
     ) -> Result<LockGuard, LockError> {
         let name = self.name.as_str();
-        let deadline = started.checked_add(self.wait);
-        let mut watch: Option<Watch> = None;
-        let mut remaining: Option<Duration> = None;
-        // When the holder's lease ends, as this call's last busy reply said.
-        let mut reported_end: Option<Instant> = None;
-        let mut last_err: Option<LockError> = None;
-        // The first try reuses the start instant (no clock read on the uncontended path); every
-        // later try reads the clock, since its lease counts from its own send time.
         // Queue behind local waiters instead of barging in, unless this is a re-entry, a
-        // single try, or nobody knows when the current lease ends.
-        let mut try_now = self.wait.is_zero() || parent.is_some() || !backend.has_waiters(name);
-        // Only a try made right away may reuse the start instant: one made after queueing
-        // counts its lease from its own send time.
-        let mut first_try = try_now;
-        // A backend that keeps failed tries queued (ZooKeeper) is told when this wait ends
-        // without a grant, however it ends (return or a dropped future).
-        let mut give_up = GiveUp {
-            backend: (parent.is_none() && backend.queues_contenders()).then_some(backend),
-            name,
-            owner: owner.clone(),
-            ttl: self.ttl,
+        // single try, or nobody waits here.
+        let try_first = self.wait.is_zero() || parent.is_some() || !backend.has_waiters(name);
+        let mut a = Acquisition {
+            lock: self,
+            backend,
+            // A backend that keeps failed tries queued (ZooKeeper, etcd) is told when this wait
+            // ends without a grant, however it ends (return or a dropped future).
+            give_up: GiveUp {
+                backend: (parent.is_none() && backend.queues_contenders()).then_some(backend),
+                name,
+                owner: owner.clone(),
+                ttl: self.ttl,
+            },
+            owner,
+            parent,
+            started,
+            deadline: started.checked_add(self.wait),
+            // Only a try made right away may reuse the start instant (no clock read on the
+            // uncontended path): one made after queueing counts its lease from its own send time.
+            first_try: try_first,
+            watch: None,
+            remaining: None,
+            reported_end: None,
+            last_err: None,
+            labels,
         };
+        let mut try_now = try_first;
         if !try_now {
-            first_try = false;
-            // Bounded by the wait like every other await of it.
-            let fut = backend.watch(name);
-            let w = match deadline {
-                Some(d) => match tokio::time::timeout_at(d, fut).await {
-                    Ok(w) => w?,
-                    Err(_) => {
-                        return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
-                    }
-                },
-                None => fut.await?,
-            };
-            try_now = w.lease_end().is_none_or(|t| t <= Instant::now());
-            watch = Some(w);
+            a.queue().await?;
+            // Try at once only when nobody here knows of a lease that is still running.
+            try_now = a
+                .watch
+                .as_ref()
+                .and_then(Watch::lease_end)
+                .is_none_or(|t| t <= Instant::now());
         }
         loop {
             if try_now {
-                let sent = if std::mem::take(&mut first_try) {
-                    started
-                } else {
-                    Instant::now()
-                };
-                let outcome = {
-                    let attempt =
-                        try_acquire_guarded(backend, name, &owner, self.ttl, parent.is_none());
-                    // A reply later than the lease it asks for is useless (a grant would be given
-                    // back as late), so one try never waits longer than the ttl, nor past the wait.
-                    let wait_end = deadline.filter(|_| !self.wait.is_zero());
-                    let lease_end = sent.checked_add(self.ttl);
-                    let limit = match (wait_end, lease_end) {
-                        (Some(w), Some(l)) => Some(w.min(l)),
-                        (w, l) => w.or(l),
-                    };
-                    let mut attempt = std::pin::pin!(attempt);
-                    // A try that is ready at once (the in-memory backend) needs no timer.
-                    let first = crate::guard::poll_once(&mut attempt).await;
-                    match (first, limit) {
-                        (std::task::Poll::Ready(r), _) => r,
-                        (_, Some(d)) => match tokio::time::timeout_at(d, attempt).await {
-                            Ok(r) => r,
-                            // The reply is late: if it turns out to be a grant, the try's drop guard
-                            // gives it back, so a timed-out acquire never leaves a hold (or an
-                            // inflated count) behind.
-                            Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
-                                return Err(self.timed_out(
-                                    started,
-                                    remaining,
-                                    last_err,
-                                    watch.as_ref(),
-                                ));
-                            }
-                            // A single try times out as a late grant does.
-                            Err(_) if self.wait.is_zero() => {
-                                return Err(LockError::TimedOut {
-                                    key: self.name.clone(),
-                                    waited: started.elapsed(),
-                                    retry_after: None,
-                                });
-                            }
-                            Err(_) => Err(LockError::backend(
-                                name,
-                                format!(
-                                    "no reply to the acquire within the lease's ttl ({:?})",
-                                    self.ttl
-                                ),
-                            )),
-                        },
-                        (_, None) => attempt.await,
-                    }
-                };
-                match outcome {
+                let sent = a.send_time();
+                match a.try_once(sent).await? {
                     Ok(Acquired::Granted { token, count }) => {
-                        if let Some(p) = &parent
-                            && count <= 1
-                        {
-                            // The server did not know the outer hold (its lease ended there):
-                            // this is a fresh grant, not a re-entry. Give it back and report the
-                            // outer hold lost.
-                            p.mark_lost(crate::LostReason::NotOwner);
-                            // Awaited (so the name is free when this returns), but never past
-                            // the fresh grant's own lease; then it goes on in the background.
-                            let give_back = backend.release(name, &owner, None, true);
-                            if tokio::time::timeout(self.ttl, give_back).await.is_err() {
-                                spawn_release(backend, name, &owner, self.ttl);
-                            }
-                            return Err(p.lost_error());
+                        if let Some(guard) = a.granted(token, count, sent).await? {
+                            return Ok(guard);
                         }
-                        if parent.is_none() && Instant::now() >= sent + self.ttl {
-                            // The reply arrived after the lease it grants had run out (this
-                            // process was paused or starved): another owner may hold the lock
-                            // by now, and a guard would be born lost. Give the grant back
-                            // (owner-checked) and go on as if it had not happened.
-                            tracing::warn!(
-                                key = %self.name,
-                                late_ms = sent.elapsed().saturating_sub(self.ttl).as_millis() as u64,
-                                "dlock: a grant arrived after its lease had run out; given back"
-                            );
-                            spawn_release(backend, name, &owner, self.ttl);
-                            owner = context::new_owner();
-                            give_up.owner = owner.clone();
-                            if self.wait.is_zero() {
-                                return Err(LockError::TimedOut {
-                                    key: self.name.clone(),
-                                    waited: started.elapsed(),
-                                    retry_after: None,
-                                });
-                            }
-                            try_now = true;
-                            continue;
-                        }
-                        if let Some(w) = &watch {
-                            w.note_remaining(self.ttl);
-                        }
-                        give_up.backend = None;
-                        return Ok(LockGuard::new(
-                            GuardInit {
-                                backend: backend.clone(),
-                                name: self.name.clone(),
-                                owner,
-                                token,
-                                sent,
-                                ttl: self.ttl,
-                                watchdog: self.watchdog,
-                                max_hold: self.max_hold,
-                                hold_at_least: self.hold_at_least,
-                                parent,
-                                metric: labels.clone(),
-                            },
-                            count,
-                        ));
+                        // A late grant, given back: try again.
+                        continue;
                     }
-                    Ok(Acquired::Busy { remaining: r }) => {
-                        if let Some(p) = &parent {
-                            // The server gave this chain's lock to another owner: the outer
-                            // hold is lost, and waiting for ourselves would be wrong.
-                            p.mark_lost(crate::LostReason::NotOwner);
-                            return Err(p.lost_error());
-                        }
-                        remaining = r;
-                        reported_end = r.map(|r| Instant::now() + r);
-                        last_err = None;
-                        if let Some(w) = &watch {
-                            if let Some(end) = reported_end {
-                                w.note_reported_end(end);
-                            }
-                            // No reported expiry (a key without a ttl): assume one lease of ours,
-                            // so that waiting never turns into a tight retry loop.
-                            w.note_remaining(r.unwrap_or(self.ttl));
-                        }
-                        if self.wait.is_zero() {
-                            return Err(LockError::Busy {
-                                key: self.name.clone(),
-                                retry_after: r,
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        if self.wait.is_zero() {
-                            return Err(e);
-                        }
-                        tracing::debug!(key = %self.name, error = %e, "dlock: acquire failed while waiting; retrying");
-                        last_err = Some(e);
-                        if parent.is_none() {
-                            // The failed try was cleaned up under its owner id; later tries use
-                            // a new one, so a try that still runs late cannot be counted twice.
-                            owner = context::new_owner();
-                            give_up.owner = owner.clone();
-                        }
-                    }
+                    Ok(Acquired::Busy { remaining }) => a.busy(remaining)?,
+                    Err(e) => a.failed(e)?,
                 }
             }
-            let now = Instant::now();
-            if deadline.is_some_and(|d| now >= d) {
-                return Err(self.timed_out(started, remaining, last_err, watch.as_ref()));
+            if a.past_deadline() {
+                return Err(a.timed_out());
             }
-            let Some(w) = &watch else {
+            if a.watch.is_none() {
                 // Subscribe, then retry at once: a release between the failed try and the
                 // subscription is then not missed.
-                let fut = backend.watch(name);
-                let w = match deadline {
-                    Some(d) => match tokio::time::timeout_at(d, fut).await {
-                        Ok(w) => w?,
-                        Err(_) => {
-                            return Err(self.timed_out(
-                                started,
-                                remaining,
-                                last_err,
-                                watch.as_ref(),
-                            ));
-                        }
-                    },
-                    None => fut.await?,
-                };
-                tracing::debug!(
-                    key = %self.name,
-                    retry_after_ms = remaining.map(|r| r.as_millis() as u64),
-                    wait_ms = self.wait.as_millis() as u64,
-                    "dlock: waiting for a release"
-                );
-                if let Some(end) = reported_end {
-                    w.note_reported_end(end);
-                }
-                watch = Some(w);
+                a.queue().await?;
                 try_now = true;
                 continue;
-            };
-            // Sleep until a release wakes us, the holder's lease ends, or the deadline.
-            let mut until = deadline;
-            let lease_end = if last_err.is_some() {
-                Some(now + ERROR_BACKOFF)
-            } else {
-                w.lease_end()
-            };
-            if let Some(t) = lease_end {
-                // One millisecond past the reported end, as the server rounds to milliseconds.
-                let t = t + Duration::from_millis(1);
-                until = Some(until.map_or(t, |d| d.min(t)));
             }
-            let sleep = async {
-                match until {
-                    Some(t) => tokio::time::sleep_until(t).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                biased;
-                _ = w.woken() => {}
-                _ = sleep => {}
+            a.wait_for_turn().await;
+            // A try sent now could only be cut off unread by the deadline (and then given back):
+            // the wait is over.
+            if a.past_deadline() {
+                return Err(a.timed_out());
             }
             try_now = true;
+        }
+    }
+}
+
+/// One call of [`Lock::acquire`]: its settings and what its tries have learned so far.
+struct Acquisition<'a> {
+    lock: &'a Lock,
+    backend: &'a Arc<dyn Backend>,
+    /// The fresh owner id of the next try (the parent's for a re-entry).
+    owner: Arc<str>,
+    /// The hold this acquisition re-enters, if any.
+    parent: Option<Arc<crate::guard::Hold>>,
+    started: Instant,
+    /// `started + wait`; `None` when too far to represent (waits for ever).
+    deadline: Option<Instant>,
+    /// The next try is the first and made right away: its lease counts from `started`.
+    first_try: bool,
+    watch: Option<Watch>,
+    /// Time left on the holder's lease, as this call's last busy reply said.
+    remaining: Option<Duration>,
+    /// When the holder's lease ends, as this call's last busy reply said.
+    reported_end: Option<Instant>,
+    last_err: Option<LockError>,
+    give_up: GiveUp<'a>,
+    labels: &'a crate::metrics::Labels,
+}
+
+impl Acquisition<'_> {
+    fn name(&self) -> &str {
+        &self.lock.name
+    }
+
+    fn past_deadline(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
+    fn send_time(&mut self) -> Instant {
+        if std::mem::take(&mut self.first_try) {
+            self.started
+        } else {
+            Instant::now()
+        }
+    }
+
+    /// After a try whose outcome is unknown (it was cleaned up under its owner id), later tries
+    /// use a new one, so a try that still runs late cannot be counted twice.
+    fn new_owner(&mut self) {
+        self.owner = context::new_owner();
+        self.give_up.owner = self.owner.clone();
+    }
+
+    /// **Try**: one try, bounded by its lease and by the wait. `Err` ends the acquisition (a
+    /// single try or the wait timed out); `Ok` carries the try's own outcome.
+    async fn try_once(
+        &mut self,
+        sent: Instant,
+    ) -> Result<Result<Acquired, LockError>, LockError> {
+        let (lock, owner) = (self.lock, self.owner.clone());
+        let attempt = try_acquire_guarded(
+            self.backend,
+            &lock.name,
+            &owner,
+            lock.ttl,
+            self.parent.is_none(),
+        );
+        // A reply later than the lease it asks for is useless (a grant would be given back as
+        // late), so one try never waits longer than the ttl, nor past the wait.
+        let wait_end = self.deadline.filter(|_| !lock.wait.is_zero());
+        let lease_end = sent.checked_add(lock.ttl);
+        let limit = match (wait_end, lease_end) {
+            (Some(w), Some(l)) => Some(w.min(l)),
+            (w, l) => w.or(l),
+        };
+        let mut attempt = std::pin::pin!(attempt);
+        // A try that is ready at once (the in-memory backend) needs no timer.
+        let first = crate::guard::poll_once(&mut attempt).await;
+        Ok(match (first, limit) {
+            (std::task::Poll::Ready(r), _) => r,
+            (_, Some(d)) => match tokio::time::timeout_at(d, attempt).await {
+                Ok(r) => r,
+                // The reply is late: if it turns out to be a grant, the try's drop guard gives it
+                // back, so a timed-out acquire never leaves a hold (or an inflated count) behind.
+                Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
+                    return Err(self.timed_out());
+                }
+                // A single try times out as a late grant does.
+                Err(_) if lock.wait.is_zero() => {
+                    return Err(LockError::TimedOut {
+                        key: lock.name.clone(),
+                        waited: self.started.elapsed(),
+                        retry_after: None,
+                    });
+                }
+                Err(_) => Err(LockError::backend(
+                    &lock.name,
+                    format!(
+                        "no reply to the acquire within the lease's ttl ({:?})",
+                        lock.ttl
+                    ),
+                )),
+            },
+            (_, None) => attempt.await,
+        })
+    }
+
+    /// A try was granted: the guard, or `None` when the grant came too late and was given back
+    /// (try again).
+    async fn granted(
+        &mut self,
+        token: u64,
+        count: u32,
+        sent: Instant,
+    ) -> Result<Option<LockGuard>, LockError> {
+        let lock = self.lock;
+        if let Some(p) = &self.parent
+            && count <= 1
+        {
+            // The server did not know the outer hold (its lease ended there): this is a fresh
+            // grant, not a re-entry. Give it back and report the outer hold lost.
+            p.mark_lost(crate::LostReason::NotOwner);
+            // Awaited (so the name is free when this returns), but never past the fresh grant's
+            // own lease; then it goes on in the background.
+            let give_back = self.backend.release(&lock.name, &self.owner, None, true);
+            if tokio::time::timeout(lock.ttl, give_back).await.is_err() {
+                spawn_release(self.backend, &lock.name, &self.owner, lock.ttl);
+            }
+            return Err(p.lost_error());
+        }
+        if self.parent.is_none() && Instant::now() >= sent + lock.ttl {
+            // The reply arrived after the lease it grants had run out (this process was paused
+            // or starved): another owner may hold the lock by now, and a guard would be born
+            // lost. Give the grant back (owner-checked) and go on as if it had not happened.
+            tracing::warn!(
+                key = %lock.name,
+                late_ms = sent.elapsed().saturating_sub(lock.ttl).as_millis() as u64,
+                "dlock: a grant arrived after its lease had run out; given back"
+            );
+            spawn_release(self.backend, &lock.name, &self.owner, lock.ttl);
+            self.new_owner();
+            if lock.wait.is_zero() {
+                return Err(LockError::TimedOut {
+                    key: lock.name.clone(),
+                    waited: self.started.elapsed(),
+                    retry_after: None,
+                });
+            }
+            return Ok(None);
+        }
+        if let Some(w) = &self.watch {
+            w.note_remaining(lock.ttl);
+        }
+        self.give_up.backend = None;
+        Ok(Some(LockGuard::new(
+            GuardInit {
+                backend: self.backend.clone(),
+                name: lock.name.clone(),
+                owner: self.owner.clone(),
+                token,
+                sent,
+                ttl: lock.ttl,
+                watchdog: lock.watchdog,
+                max_hold: lock.max_hold,
+                hold_at_least: lock.hold_at_least,
+                parent: self.parent.clone(),
+                metric: self.labels.clone(),
+            },
+            count,
+        )))
+    }
+
+    /// A try found the name busy: `Err` for a single try or a re-entry, else wait on.
+    fn busy(&mut self, r: Option<Duration>) -> Result<(), LockError> {
+        if let Some(p) = &self.parent {
+            // The server gave this chain's lock to another owner: the outer hold is lost, and
+            // waiting for ourselves would be wrong.
+            p.mark_lost(crate::LostReason::NotOwner);
+            return Err(p.lost_error());
+        }
+        self.remaining = r;
+        self.reported_end = r.map(|r| Instant::now() + r);
+        self.last_err = None;
+        if let Some(w) = &self.watch {
+            if let Some(end) = self.reported_end {
+                w.note_reported_end(end);
+            }
+            // No reported expiry (a key without a ttl): assume one lease of ours, so that
+            // waiting never turns into a tight retry loop.
+            w.note_remaining(r.unwrap_or(self.lock.ttl));
+        }
+        if self.lock.wait.is_zero() {
+            return Err(LockError::Busy {
+                key: self.lock.name.clone(),
+                retry_after: r,
+            });
+        }
+        Ok(())
+    }
+
+    /// A try failed (its outcome is unknown, and its drop guard gave it back): `Err` for a
+    /// single try, else wait on with a new owner id.
+    fn failed(&mut self, e: LockError) -> Result<(), LockError> {
+        if self.lock.wait.is_zero() {
+            return Err(e);
+        }
+        tracing::debug!(key = %self.name(), error = %e, "dlock: acquire failed while waiting; retrying");
+        self.last_err = Some(e);
+        if self.parent.is_none() {
+            self.new_owner();
+        }
+        Ok(())
+    }
+
+    /// **Queue**: subscribe to the name's releases, bounded by the wait.
+    async fn queue(&mut self) -> Result<(), LockError> {
+        let fut = self.backend.watch(&self.lock.name);
+        let w = match self.deadline {
+            Some(d) => match tokio::time::timeout_at(d, fut).await {
+                Ok(w) => w?,
+                Err(_) => return Err(self.timed_out()),
+            },
+            None => fut.await?,
+        };
+        tracing::debug!(
+            key = %self.name(),
+            retry_after_ms = self.remaining.map(|r| r.as_millis() as u64),
+            wait_ms = self.lock.wait.as_millis() as u64,
+            "dlock: waiting for a release"
+        );
+        if let Some(end) = self.reported_end {
+            w.note_reported_end(end);
+        }
+        self.watch = Some(w);
+        Ok(())
+    }
+
+    /// **Wait**: until a release wakes this waiter, the holder's lease ends, or the deadline.
+    async fn wait_for_turn(&mut self) {
+        let Some(w) = &self.watch else {
+            return;
+        };
+        let now = Instant::now();
+        let mut until = self.deadline;
+        let lease_end = if self.last_err.is_some() {
+            Some(now + ERROR_BACKOFF)
+        } else {
+            w.lease_end()
+        };
+        if let Some(t) = lease_end {
+            // One millisecond past the reported end, as the server rounds to milliseconds.
+            let t = t + Duration::from_millis(1);
+            until = Some(until.map_or(t, |d| d.min(t)));
+        }
+        let sleep = async {
+            match until {
+                Some(t) => tokio::time::sleep_until(t).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = w.woken() => {}
+            _ = sleep => {}
         }
     }
 
@@ -505,25 +588,20 @@ impl Lock {
     /// left on the holder's lease as this call's last busy reply said or, when its own tries
     /// went unanswered (queued behind other local waiters, a slow server), as another waiter of
     /// the name here last heard from the server.
-    fn timed_out(
-        &self,
-        started: Instant,
-        remaining: Option<Duration>,
-        last_err: Option<LockError>,
-        watch: Option<&Watch>,
-    ) -> LockError {
-        if let Some(e) = last_err {
+    fn timed_out(&mut self) -> LockError {
+        if let Some(e) = self.last_err.take() {
             return e;
         }
-        let retry_after = remaining.or_else(|| {
-            watch
+        let retry_after = self.remaining.or_else(|| {
+            self.watch
+                .as_ref()
                 .and_then(Watch::reported_lease_end)
                 .map(|t| t.saturating_duration_since(Instant::now()))
                 .filter(|d| !d.is_zero())
         });
         LockError::TimedOut {
-            key: self.name.clone(),
-            waited: started.elapsed(),
+            key: self.lock.name.clone(),
+            waited: self.started.elapsed(),
             retry_after,
         }
     }
@@ -601,44 +679,11 @@ impl Drop for GiveUp<'_> {
     }
 }
 
-/// Gives back every hold of `owner` on `name` in the background (owner-checked: a lock that
-/// another owner holds by now is left alone). A give-back that fails (the connection is down,
-/// the call timed out) is retried with back-off until it is answered or the lease's ttl has
-/// passed (after which the server frees it anyway): a try whose outcome was unknown during a
-/// partition is cleaned up as soon as the server answers again, instead of blocking the name
-/// for a whole lease. Without a runtime the lease runs out by itself.
+/// Gives back every hold of `owner` on `name` in the background ([`GiveBack`]): owner-checked
+/// (a lock that another owner holds by now is left alone) and retried with back-off until the
+/// backend answers, so a try whose outcome was unknown during a partition is cleaned up as soon
+/// as the server answers again instead of blocking the name for a whole lease. On a runtime that
+/// is shutting down, or outside any runtime, it runs on a helper thread.
 fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>, ttl: Duration) {
-    let Ok(rt) = tokio::runtime::Handle::try_current() else {
-        return;
-    };
-    let backend = backend.clone();
-    let name = name.to_string();
-    let owner = owner.clone();
-    rt.spawn(async move {
-        let end = Instant::now() + crate::guard::give_back_bound(ttl);
-        let mut backoff = GIVE_BACK_RETRY_FIRST;
-        let mut tries = 0u32;
-        loop {
-            tries += 1;
-            let why = match tokio::time::timeout_at(end, backend.release(&name, &owner, None, true))
-                .await
-            {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) => e.to_string(),
-                Err(_) => "no reply in time".to_string(),
-            };
-            let next = Instant::now() + backoff;
-            if next >= end {
-                tracing::debug!(key = %name, error = %why, tries, "dlock: giving back an unused grant failed; its lease runs out by itself");
-                return;
-            }
-            tracing::trace!(key = %name, error = %why, tries, "dlock: giving back an unused grant failed; retrying");
-            tokio::time::sleep_until(next).await;
-            backoff = (backoff * 2).min(GIVE_BACK_RETRY_MAX);
-        }
-    });
+    GiveBack::all(backend.clone(), name, owner.clone(), ttl).spawn();
 }
-
-/// Back-off between the tries of a background give-back: from the first to the most.
-const GIVE_BACK_RETRY_FIRST: Duration = Duration::from_millis(50);
-const GIVE_BACK_RETRY_MAX: Duration = Duration::from_secs(1);
