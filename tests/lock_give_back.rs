@@ -155,7 +155,10 @@ async fn a_waiter_whose_runtime_shuts_down_leaves_nothing_queued(env: Env) {
     })
     .await
     .expect("the waiter's thread");
-    assert!(waited, "the waiter was still waiting when its runtime shut down");
+    assert!(
+        waited,
+        "the waiter was still waiting when its runtime shut down"
+    );
     holder.release().await.unwrap();
     no_orphan(&env, name, "a waiter's runtime shut down").await;
 }

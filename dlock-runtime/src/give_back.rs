@@ -67,7 +67,12 @@ pub(crate) struct GiveBack {
 
 impl GiveBack {
     /// Gives back every hold of `owner` (owner-checked: a lock another owner holds is left alone).
-    pub(crate) fn all(backend: Arc<dyn Backend>, name: &str, owner: Arc<str>, ttl: Duration) -> Self {
+    pub(crate) fn all(
+        backend: Arc<dyn Backend>,
+        name: &str,
+        owner: Arc<str>,
+        ttl: Duration,
+    ) -> Self {
         GiveBack {
             backend,
             name: name.to_string(),

@@ -372,10 +372,7 @@ impl Acquisition<'_> {
 
     /// **Try**: one try, bounded by its lease and by the wait. `Err` ends the acquisition (a
     /// single try or the wait timed out); `Ok` carries the try's own outcome.
-    async fn try_once(
-        &mut self,
-        sent: Instant,
-    ) -> Result<Result<Acquired, LockError>, LockError> {
+    async fn try_once(&mut self, sent: Instant) -> Result<Result<Acquired, LockError>, LockError> {
         let (lock, owner) = (self.lock, self.owner.clone());
         let attempt = try_acquire_guarded(
             self.backend,
