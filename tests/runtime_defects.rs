@@ -399,3 +399,78 @@ fn a_guard_dropped_outside_a_runtime_gives_back() {
         "the dropped guard left the lock held"
     );
 }
+
+/// The in-memory store, recording when each try was sent.
+#[derive(Debug, Default)]
+struct CountedTries {
+    inner: MemoryBackend,
+    sent: std::sync::Mutex<Vec<Instant>>,
+}
+
+impl Backend for CountedTries {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.sent.lock().unwrap().push(Instant::now());
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+}
+
+/// A wait that runs out while sleeping sends no last try at its deadline: such a try could only
+/// be cut off unread (its limit is the deadline) and given back, and on a store where the give-back
+/// can race the grant (a pooled database) that is how a cancelled grant became an orphan
+/// (sql.md #1's amplifier).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_wait_that_runs_out_sends_no_try_at_its_deadline() {
+    let b = Arc::new(CountedTries::default());
+    let backend: Arc<dyn Backend> = b.clone();
+    let holder = Lock::new("deadline-try")
+        .with_backend(backend.clone())
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let wait = Duration::from_secs(1);
+    let r = Lock::new("deadline-try")
+        .with_backend(backend)
+        .wait(wait)
+        .acquire()
+        .await;
+    assert!(matches!(r, Err(LockError::TimedOut { .. })), "{r:?}");
+    let sent = b.sent.lock().unwrap().clone();
+    // The holder's try, then the waiter's first try and its retry right after subscribing.
+    assert_eq!(sent.len(), 3, "tries sent at {sent:?}");
+    assert!(
+        sent.iter().all(|t| *t < started + wait),
+        "a try was sent at the deadline: {:?}",
+        sent.iter().map(|t| *t - started).collect::<Vec<_>>()
+    );
+    holder.release().await.unwrap();
+}
