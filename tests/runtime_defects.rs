@@ -474,3 +474,132 @@ async fn a_wait_that_runs_out_sends_no_try_at_its_deadline() {
     );
     holder.release().await.unwrap();
 }
+
+/// A renewal that falls due while an `extend` is in flight must not send the old ttl under the
+/// extend's epoch: the server's lease would end at the old ttl while the guard counts on the new
+/// one, and another owner would get the lock while this guard is valid (redis-family.md #3a).
+/// The extend to 30 s is applied at once but answered 5 ms later; the renewal fires in between.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_renewal_racing_an_extend_leaves_the_server_lease_at_least_the_guards() {
+    let b: Arc<dyn Backend> = Arc::new(SlowRenewalReplies {
+        inner: MemoryBackend::new(),
+        slow_ttl: Duration::from_secs(30),
+        delay: Duration::from_millis(5),
+    });
+    let start = Instant::now();
+    let g = Lock::new("renew-vs-extend")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    // The first renewal is due at 1 s: the extend is sent 1 ms before and answered after it.
+    tokio::time::sleep_until(start + Duration::from_millis(999)).await;
+    g.extend(Duration::from_secs(30)).await.unwrap();
+    tokio::time::sleep_until(start + Duration::from_millis(4100)).await;
+    assert!(g.is_valid(), "the guard counts on the 30 s lease");
+    let other = Lock::new("renew-vs-extend").with_backend(b).acquire().await;
+    assert!(
+        matches!(other, Err(LockError::Busy { .. })),
+        "another owner got the lock while the guard is valid: {other:?}"
+    );
+    g.release().await.unwrap();
+}
+
+/// The in-memory store whose first renewal (an extend with `renew_ttl`) waits for `gate`, and whose
+/// first extend with another ttl (the user's) fails with a transport error.
+#[derive(Debug)]
+struct GatedRenewal {
+    inner: MemoryBackend,
+    renew_ttl: Duration,
+    gate: tokio::sync::Notify,
+    renewals: std::sync::atomic::AtomicU32,
+    user_extends: std::sync::atomic::AtomicU32,
+}
+
+impl Backend for GatedRenewal {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        use std::sync::atomic::Ordering::SeqCst;
+        Box::pin(async move {
+            if ttl == self.renew_ttl {
+                if self.renewals.fetch_add(1, SeqCst) == 0 {
+                    self.gate.notified().await;
+                }
+            } else if self.user_extends.fetch_add(1, SeqCst) == 0 {
+                return Err(LockError::Backend {
+                    key: name.to_string(),
+                    source: "connection reset (test)".into(),
+                });
+            } else {
+                self.renewals.fetch_add(1, SeqCst);
+            }
+            self.inner.extend(name, owner, ttl).await
+        })
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+}
+
+/// A renewal whose confirmation is discarded because an `extend` was sent meanwhile, when that
+/// extend then fails, must not drop the hold out of the watchdog: renewals go on (or, if they
+/// cannot, `lost_token()` fires). Before, neither happened (redis-family.md #3b).
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_renewal_discarded_for_a_failed_extend_keeps_the_hold_renewed() {
+    use std::sync::atomic::Ordering::SeqCst;
+    let b = Arc::new(GatedRenewal {
+        inner: MemoryBackend::new(),
+        renew_ttl: Duration::from_secs(3),
+        gate: tokio::sync::Notify::new(),
+        renewals: Default::default(),
+        user_extends: Default::default(),
+    });
+    let backend: Arc<dyn Backend> = b.clone();
+    let start = Instant::now();
+    let g = Lock::new("renew-vs-failed-extend")
+        .with_backend(backend)
+        .ttl(Duration::from_secs(3))
+        .acquire()
+        .await
+        .unwrap();
+    // The first renewal starts at 1 s and waits at the gate.
+    tokio::time::sleep_until(start + Duration::from_millis(1100)).await;
+    assert_eq!(b.renewals.load(SeqCst), 1, "the first renewal is in flight");
+    let e = g.extend(Duration::from_secs(6)).await;
+    assert!(matches!(e, Err(LockError::Backend { .. })), "{e:?}");
+    // The renewal is answered now; its confirmation loses to the (failed) extend's epoch.
+    b.gate.notify_one();
+    tokio::time::sleep_until(start + Duration::from_secs(10)).await;
+    assert!(
+        b.renewals.load(SeqCst) >= 3,
+        "no renewal after the discarded one ({} in all)",
+        b.renewals.load(SeqCst)
+    );
+    assert!(g.is_valid() && !g.lost_token().is_cancelled());
+    g.release().await.unwrap();
+}

@@ -111,13 +111,20 @@ impl Hold {
         true
     }
 
-    pub(crate) fn epoch(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
+    /// The epoch and the ttl a renewal is about to send, read together: a renewal that sees an
+    /// extend's epoch also sends that extend's ttl, so it cannot set the server's lease back to
+    /// the old ttl after the extend set the new one.
+    pub(crate) fn renewal(&self) -> (u64, Duration) {
+        let _d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        (self.epoch.load(Ordering::Acquire), self.ttl())
     }
 
-    /// A new epoch for an extend about to be sent.
-    fn bump_epoch(&self) -> u64 {
+    /// A new epoch for an extend to `ttl` about to be sent; renewals from now on send `ttl` too
+    /// (also if this extend then fails: the next renewal sets the lease the caller asked for).
+    fn begin_extend(&self, ttl: Duration) -> u64 {
         let _d = self.deadline.lock().unwrap_or_else(|e| e.into_inner());
+        self.ttl_ms
+            .store(ttl.as_millis().max(1) as u64, Ordering::Relaxed);
         self.epoch.fetch_add(1, Ordering::AcqRel) + 1
     }
 
@@ -437,7 +444,7 @@ impl LockGuard {
         if !self.hold.is_valid() {
             return Err(self.lost_error());
         }
-        let epoch = self.hold.bump_epoch();
+        let epoch = self.hold.begin_extend(ttl);
         let sent = Instant::now();
         let mut call = self
             .hold
@@ -450,9 +457,6 @@ impl LockGuard {
             Extended::Extended => {
                 // Only the newest extend applies (an older one answered late changes nothing).
                 if self.hold.confirm(sent, ttl, true, epoch) {
-                    self.hold
-                        .ttl_ms
-                        .store(ttl.as_millis().max(1) as u64, Ordering::Relaxed);
                     // The next renewal and the deadline event follow the new lease.
                     let lease = ttl.saturating_sub(self.hold.backend.lease_margin(ttl));
                     watchdog::rescheduled(&self.hold, sent + lease / 3);

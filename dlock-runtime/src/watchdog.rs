@@ -27,6 +27,9 @@ use crate::guard::Hold;
 
 type Key = (Instant, u64);
 
+/// The shortest wait before a renewal whose confirmation lost to an extend is sent again.
+const RENEW_AGAIN_AFTER: Duration = Duration::from_millis(10);
+
 /// The timer queue of one runtime.
 #[derive(Debug, Default)]
 pub(crate) struct Driver {
@@ -253,8 +256,7 @@ fn event(h: &Arc<Hold>, now: Instant) {
 
 /// One renewal; transient errors are retried until the lease would have run out.
 async fn renew(h: Arc<Hold>) {
-    let epoch = h.epoch();
-    let ttl = h.ttl();
+    let (epoch, ttl) = h.renewal();
     let sent = Instant::now();
     let extend = h.backend.extend(&h.name, &h.owner, ttl);
     let r = tokio::select! {
@@ -265,7 +267,15 @@ async fn renew(h: Arc<Hold>) {
     let next = match r {
         Ok(Ok(Extended::Extended)) => {
             if !h.confirm(sent, ttl, false, epoch) {
-                // An extend was sent meanwhile: it set the lease and rescheduled this hold.
+                // An extend was sent meanwhile. If it succeeds it sets the lease and reschedules
+                // this hold; if it fails nothing else would, and the hold would drop out of the
+                // watchdog (no renewal, no deadline event). Keep it queued at the renewal time the
+                // last successful extend set, or soon: either way harmless next to `rescheduled`.
+                let next = h
+                    .slot()
+                    .map_or(sent, |s| lock(&s.renewing).1)
+                    .max(Instant::now() + RENEW_AGAIN_AFTER);
+                schedule(&h, next.min(h.deadline()));
                 return;
             }
             let rtt = sent.elapsed();
