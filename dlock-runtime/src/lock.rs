@@ -274,6 +274,7 @@ impl Lock {
             watch: None,
             remaining: None,
             reported_end: None,
+            heard_busy: false,
             last_err: None,
             labels,
         };
@@ -341,6 +342,8 @@ struct Acquisition<'a> {
     remaining: Option<Duration>,
     /// When the holder's lease ends, as this call's last busy reply said.
     reported_end: Option<Instant>,
+    /// A try of this call was answered busy: a wait that runs out is contention.
+    heard_busy: bool,
     last_err: Option<LockError>,
     give_up: GiveUp<'a>,
     labels: &'a crate::metrics::Labels,
@@ -398,16 +401,27 @@ impl Acquisition<'_> {
                 Ok(r) => r,
                 // The reply is late: if it turns out to be a grant, the try's drop guard gives it
                 // back, so a timed-out acquire never leaves a hold (or an inflated count) behind.
+                // The wait ran out: contention if the server said busy before, else the backend
+                // did not answer, which is an error (a 503, not a "locked").
                 Err(_) if wait_end.is_some_and(|w| Instant::now() >= w) => {
-                    return Err(self.timed_out());
-                }
-                // A single try times out as a late grant does.
-                Err(_) if lock.wait.is_zero() => {
-                    return Err(LockError::TimedOut {
-                        key: lock.name.clone(),
-                        waited: self.started.elapsed(),
-                        retry_after: None,
+                    return Err(if self.heard_busy || self.last_err.is_some() {
+                        self.timed_out()
+                    } else {
+                        LockError::backend(
+                            &lock.name,
+                            format!("no reply to the acquire within the wait ({:?})", lock.wait),
+                        )
                     });
+                }
+                // A single try that got no answer within its lease: an error, not contention.
+                Err(_) if lock.wait.is_zero() => {
+                    return Err(LockError::backend(
+                        &lock.name,
+                        format!(
+                            "no reply to the acquire within the lease's ttl ({:?})",
+                            lock.ttl
+                        ),
+                    ));
                 }
                 Err(_) => Err(LockError::backend(
                     &lock.name,
@@ -494,6 +508,7 @@ impl Acquisition<'_> {
             p.mark_lost(crate::LostReason::NotOwner);
             return Err(p.lost_error());
         }
+        self.heard_busy = true;
         self.remaining = r;
         self.reported_end = r.map(|r| Instant::now() + r);
         self.last_err = None;
