@@ -314,14 +314,24 @@ impl PathKey {
         rest.is_empty().then_some(caps)
     }
 
-    /// The key for a request path, if it matches the route.
+    /// The key for a request path (as sent: percent-encoded), if it matches the route.
+    ///
+    /// The route is matched on the path as sent and each capture is then percent-decoded, as
+    /// axum's `Path` does, so the key names what the handler sees: `/accounts/%31` is account 1
+    /// (and `%2F` in a capture, or in `{*rest}`, is a `/`). A capture that is not UTF-8 once
+    /// decoded, which axum rejects too, gives no key.
     pub fn key_for_path(&self, path: &str) -> Option<String> {
         let caps = self.captures(path)?;
         let mut key = crate::private::KeyBuf::default();
         for p in self.template.iter() {
             match p {
                 Part::Lit(l) => key.lit(l),
-                Part::Param(i, special) => key.value(caps[*i], special),
+                Part::Param(i, special) => {
+                    let value = percent_encoding::percent_decode_str(caps[*i])
+                        .decode_utf8()
+                        .ok()?;
+                    key.value(&value, special)
+                }
             }
         }
         Some(key.finish())
@@ -510,6 +520,18 @@ mod tests {
         assert_ne!(k.key_for_path("/t/1:2/3"), k.key_for_path("/t/1/2:3"));
         let k = path_key("/files/{*rest}", "file:{rest}").unwrap();
         assert_eq!(k.key_for_path("/files/a/b").as_deref(), Some("file:a/b"));
+        // Captures are decoded as axum's `Path` decodes them: one account, one lock.
+        assert_eq!(k.key_for_path("/files/a%2Fb").as_deref(), Some("file:a/b"));
+        let k = path_key("/accounts/{id}/settle", "account:{id}").unwrap();
+        assert_eq!(
+            k.key_for_path("/accounts/%31/settle"),
+            k.key_for_path("/accounts/1/settle")
+        );
+        assert_eq!(
+            k.key_for_path("/accounts/caf%C3%A9/settle").as_deref(),
+            Some("account:café")
+        );
+        assert_eq!(k.key_for_path("/accounts/%FF/settle"), None, "not UTF-8");
         assert!(path_key("/a/{id}", "x:{nope}").is_err());
         assert!(path_key("/a/{id}", "x:{id").is_err());
     }
