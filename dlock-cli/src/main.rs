@@ -18,6 +18,16 @@
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
+
+/// Prints a line on stdout. A closed stdout (`| head -1`: the reader left) is not an error and
+/// never a panic: the command's action does not depend on its output, and output nobody reads is
+/// dropped.
+macro_rules! out {
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
@@ -127,6 +137,7 @@ impl CliError {
         }
     }
 }
+
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -258,11 +269,11 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
     }
     if as_json {
         let v: Vec<_> = infos.iter().map(|i| to_json(i)).collect();
-        println!("{}", serde_json::Value::Array(v));
+        out!("{}", serde_json::Value::Array(v));
         return Ok(());
     }
     if infos.is_empty() {
-        println!("no locks held");
+        out!("no locks held");
         return Ok(());
     }
     let rows: Vec<[String; 6]> = infos
@@ -294,9 +305,9 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
             .trim_end()
             .to_string()
     };
-    println!("{}", line(head));
+    out!("{}", line(head));
     for r in &rows {
-        println!(
+        out!(
             "{}",
             line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]].map(|s| s.as_str()))
         );
@@ -305,15 +316,15 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
 }
 
 fn print_detail(i: &LockInfo) {
-    println!("lock           {}", i.name);
+    out!("lock           {}", i.name);
     for h in &i.holders {
         if h.holds == 0 {
-            println!(
+            out!(
                 "owner          {} (released; kept taken by hold_at_least)",
                 h.owner
             );
         } else {
-            println!(
+            out!(
                 "owner          {} ({} hold{})",
                 h.owner,
                 h.holds,
@@ -321,23 +332,23 @@ fn print_detail(i: &LockInfo) {
             );
         }
     }
-    println!(
+    out!(
         "remaining      {}",
         match i.remaining {
             Some(_) => fmt_left(i.remaining),
             None => "- (no per-lock expiry: the lease is the holder's session)".into(),
         }
     );
-    println!(
+    out!(
         "fencing token  {}",
         i.token.map_or("-".into(), |t| t.to_string())
     );
     match i.waiters {
-        Some(w) => println!("waiting        {w} {}", i.waiters_are),
-        None => println!("waiting        - (not visible on this backend)"),
+        Some(w) => out!("waiting        {w} {}", i.waiters_are),
+        None => out!("waiting        - (not visible on this backend)"),
     }
     for (k, v) in &i.details {
-        println!("{k:<14} {v}");
+        out!("{k:<14} {v}");
     }
 }
 
@@ -347,7 +358,7 @@ async fn show(admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliErr
         .await?
         .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held")))?;
     if as_json {
-        println!("{}", to_json(&i));
+        out!("{}", to_json(&i));
     } else {
         print_detail(&i);
     }
@@ -359,16 +370,21 @@ async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError
         .show(name)
         .await?
         .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held; nothing to do")))?;
-    print_detail(&i);
+    // With --yes, act first and print after: an output nobody reads must not decide whether the
+    // lock is released.
     if !yes {
-        print!("force-release lock `{name}`? the holder loses it [y/N] ");
+        print_detail(&i);
+        let _ = write!(
+            std::io::stdout(),
+            "force-release lock `{name}`? the holder loses it [y/N] "
+        );
         let _ = std::io::stdout().flush();
         let mut answer = String::new();
         let stdin = std::io::stdin();
         let interactive = stdin.is_terminal();
         let read = stdin.lock().read_line(&mut answer).unwrap_or(0);
         if read == 0 {
-            println!();
+            out!();
             return Err(CliError::Refused(if interactive {
                 "not confirmed; nothing done".into()
             } else {
@@ -379,7 +395,11 @@ async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError
             return Err(CliError::Refused("not confirmed; nothing done".into()));
         }
     }
-    match admin.force_release(name, Some(&i)).await? {
+    let released = admin.force_release(name, Some(&i)).await?;
+    if yes {
+        print_detail(&i);
+    }
+    match released {
         ForceReleased::NotHeld => Err(CliError::NotFound(format!(
             "lock `{name}` was released before the unlock; nothing done"
         ))),
@@ -387,17 +407,17 @@ async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError
             "lock `{name}` changed hands since it was shown; nothing done (run again)"
         ))),
         ForceReleased::Released { was, woke } => {
-            println!(
+            out!(
                 "released lock `{name}` (was held by {}, fencing token {}) on {}",
                 owner_text(&was),
                 was.token.map_or("-".into(), |t| t.to_string()),
                 admin.target()
             );
             match woke {
-                Some(n) => println!("woke {n} waiting {}", was.waiters_are),
-                None => println!("the next waiter is woken by the backend"),
+                Some(n) => out!("woke {n} waiting {}", was.waiters_are),
+                None => out!("the next waiter is woken by the backend"),
             }
-            println!(
+            out!(
                 "the evicted holder's lost() fires at its next renewal (within a third of its ttl)"
             );
             Ok(())
@@ -423,7 +443,7 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
     let glob = pattern(pat)?;
     let prefix = admin::glob_prefix(pat.unwrap_or("*"));
     let mut w = admin.watch(prefix).await?;
-    println!("watching {} on {}; Ctrl-C to stop", w.sees, admin.target());
+    out!("watching {} on {}; Ctrl-C to stop", w.sees, admin.target());
     let _ = std::io::stdout().flush();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -462,8 +482,14 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
             LockEvent::Other { what, .. } => what.clone(),
             _ => format!("{ev:?}"),
         };
-        println!("{}  {}  {what}", now_text(), ev.name());
-        let _ = std::io::stdout().flush();
+        let mut stdout = std::io::stdout();
+        if writeln!(stdout, "{}  {}  {what}", now_text(), ev.name())
+            .and_then(|()| stdout.flush())
+            .is_err()
+        {
+            // Nobody reads the events any more (`| head`): the watch is over.
+            return Ok(());
+        }
     }
 }
 

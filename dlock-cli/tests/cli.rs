@@ -670,3 +670,51 @@ fn zookeeper_and_etcd_urls_reach_their_engines() {
         assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
     }
 }
+
+/// `dlock unlock NAME --yes | head -1` once panicked (exit 101) while printing the holder's
+/// details to a closed stdout, before sending the unlock: the lock stayed held. A closed stdout is
+/// not a panic, and with `--yes` the unlock is sent before anything is printed.
+#[test]
+fn a_closed_stdout_is_no_panic_and_unlock_still_unlocks() {
+    let redis = Redis::start(&[]);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let backend = std::sync::Arc::new(
+        rt.block_on(dlock_runtime::RedisBackend::connect(&redis.url()))
+            .unwrap(),
+    );
+    let g = rt
+        .block_on(
+            dlock_runtime::Lock::new("cli:pipe")
+                .with_backend(backend)
+                .ttl(Duration::from_secs(300))
+                .acquire(),
+        )
+        .unwrap();
+    // Runs `dlock` with its stdout a pipe whose reader is already gone.
+    let closed_stdout = |args: &[&str]| {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+        cmd.args(args)
+            .env("DLOCK_URL", redis.url())
+            .stdin(Stdio::null())
+            .stdout(writer)
+            .stderr(Stdio::piped());
+        let child = spawn_child(cmd).unwrap();
+        let o = child.wait_with_output().unwrap();
+        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+    };
+    for args in [&["list"][..], &["show", "cli:pipe"], &["list", "--json"]] {
+        let (code, stderr) = closed_stdout(args);
+        assert_eq!(code, Some(0), "dlock {args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "dlock {args:?}: {stderr}");
+    }
+    let (code, stderr) = closed_stdout(&["unlock", "cli:pipe", "--yes"]);
+    assert_eq!(code, Some(0), "unlock: {stderr}");
+    let o = dlock(&redis.url(), &["show", "cli:pipe"], "");
+    assert_eq!(o.status.code(), Some(3), "the lock is still held: {}", text(&o));
+    drop(g);
+}
