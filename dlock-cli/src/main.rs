@@ -138,7 +138,6 @@ impl CliError {
     }
 }
 
-
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let rt = match tokio::runtime::Builder::new_current_thread()

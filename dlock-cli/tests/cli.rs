@@ -705,7 +705,10 @@ fn a_closed_stdout_is_no_panic_and_unlock_still_unlocks() {
             .stderr(Stdio::piped());
         let child = spawn_child(cmd).unwrap();
         let o = child.wait_with_output().unwrap();
-        (o.status.code(), String::from_utf8_lossy(&o.stderr).into_owned())
+        (
+            o.status.code(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
     };
     for args in [&["list"][..], &["show", "cli:pipe"], &["list", "--json"]] {
         let (code, stderr) = closed_stdout(args);
@@ -715,6 +718,11 @@ fn a_closed_stdout_is_no_panic_and_unlock_still_unlocks() {
     let (code, stderr) = closed_stdout(&["unlock", "cli:pipe", "--yes"]);
     assert_eq!(code, Some(0), "unlock: {stderr}");
     let o = dlock(&redis.url(), &["show", "cli:pipe"], "");
-    assert_eq!(o.status.code(), Some(3), "the lock is still held: {}", text(&o));
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "the lock is still held: {}",
+        text(&o)
+    );
     drop(g);
 }

@@ -95,10 +95,10 @@ pub enum LockError {
     /// file. Passwords are never part of the message.
     #[error("configuration error: {0}")]
     Config(String),
-    /// The backend failed: connection refused or dropped, a timeout, a server error.
-    /// Whether the lock was taken is unknown only for an acquire whose reply was lost; the lease
-    /// then ends by itself after its ttl.
-    #[error("backend error on lock `{key}`: {source}")]
+    /// The backend failed: connection refused or dropped, a timeout, no reply, a server error.
+    /// Whether the lock was taken is unknown only for an acquire whose reply was lost; that try is
+    /// then given back in the background (ARCHITECTURE.md, "Calls whose outcome is unknown").
+    #[error("backend error{}: {source}", on_lock(key))]
     Backend {
         /// The lock name (empty for errors not tied to one lock).
         key: String,
@@ -106,6 +106,15 @@ pub enum LockError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync + 'static>,
     },
+}
+
+/// ` on lock `key``, or nothing for an error not tied to one lock (`init`, a connection).
+fn on_lock(key: &str) -> String {
+    if key.is_empty() {
+        String::new()
+    } else {
+        format!(" on lock `{key}`")
+    }
 }
 
 fn fmt_dur(d: Duration) -> String {
@@ -168,5 +177,23 @@ impl LockError {
             key: key.to_string(),
             source: source.into(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LockError;
+
+    /// An error not tied to one lock (`init`, a connection) names none: it said "on lock ``".
+    #[test]
+    fn a_backend_error_names_its_lock_only_when_it_has_one() {
+        assert_eq!(
+            LockError::backend("", "Connection refused").to_string(),
+            "backend error: Connection refused"
+        );
+        assert_eq!(
+            LockError::backend("order:1", "Connection refused").to_string(),
+            "backend error on lock `order:1`: Connection refused"
+        );
     }
 }

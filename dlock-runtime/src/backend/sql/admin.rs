@@ -174,7 +174,8 @@ impl Scrub {
 fn table_hint(mut e: AdminError) -> AdminError {
     if e.kind == crate::admin::AdminErrorKind::Server {
         e.message.push_str(
-            " (name the backend's lock table with the URL parameter dlock_table=<table>;              default dlock_locks)",
+            " (name the backend's lock table with the URL parameter dlock_table=<table>; \
+             default dlock_locks)",
         );
     }
     e
@@ -1280,6 +1281,19 @@ mod my {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The hint once had a run of spaces in it (a literal broken across lines).
+    #[test]
+    fn the_table_hint_reads_as_one_sentence() {
+        let e = table_hint(AdminError::server("relation does not exist"));
+        assert!(
+            e.message
+                .contains("dlock_table=<table>; default dlock_locks)"),
+            "{}",
+            e.message
+        );
+        assert!(!e.message.contains("  "), "{}", e.message);
+    }
 
     #[test]
     fn admin_parameters_are_taken_out_of_the_url() {
