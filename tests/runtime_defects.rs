@@ -12,22 +12,61 @@ use dlock::{
 };
 use tokio::time::Instant;
 
-/// The in-memory store, whose extend replies with a ttl of `slow_ttl` (the watchdog's renewals
-/// of a 30 s lease) arrive `delay` after the extend was applied.
-#[derive(Debug)]
-struct SlowRenewalReplies {
+type ExtendHook = Box<
+    dyn for<'a> Fn(
+            &'a MemoryBackend,
+            &'a str,
+            &'a str,
+            Duration,
+        ) -> BoxFuture<'a, Result<Extended, LockError>>
+        + Send
+        + Sync,
+>;
+
+/// The in-memory store with test hooks: `on_try` runs as each try is sent, and `extend`, when
+/// set, stands in for the store's own extend (it is given the store to apply it to).
+#[derive(Default)]
+struct Hooked {
     inner: MemoryBackend,
-    slow_ttl: Duration,
-    delay: Duration,
+    on_try: Option<Box<dyn Fn() + Send + Sync>>,
+    extend: Option<ExtendHook>,
 }
 
-impl Backend for SlowRenewalReplies {
+impl std::fmt::Debug for Hooked {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooked").finish_non_exhaustive()
+    }
+}
+
+impl Hooked {
+    /// The store whose extend replies with a ttl of `slow_ttl` (the watchdog's renewals of a
+    /// 30 s lease) arrive `delay` after the extend was applied.
+    fn slow_renewal_replies(slow_ttl: Duration, delay: Duration) -> Hooked {
+        Hooked {
+            extend: Some(Box::new(move |inner, name, owner, ttl| {
+                Box::pin(async move {
+                    let r = inner.extend(name, owner, ttl).await;
+                    if ttl == slow_ttl {
+                        tokio::time::sleep(delay).await;
+                    }
+                    r
+                })
+            })),
+            ..Hooked::default()
+        }
+    }
+}
+
+impl Backend for Hooked {
     fn try_acquire<'a>(
         &'a self,
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        if let Some(f) = &self.on_try {
+            f();
+        }
         self.inner.try_acquire(name, owner, ttl)
     }
     fn release<'a>(
@@ -45,13 +84,10 @@ impl Backend for SlowRenewalReplies {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        Box::pin(async move {
-            let r = self.inner.extend(name, owner, ttl).await;
-            if ttl == self.slow_ttl {
-                tokio::time::sleep(self.delay).await;
-            }
-            r
-        })
+        match &self.extend {
+            Some(f) => f(&self.inner, name, owner, ttl),
+            None => self.inner.extend(name, owner, ttl),
+        }
     }
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
         self.inner.watch(name)
@@ -69,11 +105,10 @@ fn memory() -> Arc<dyn Backend> {
 /// the local deadline to the renewal's 30 s (the server's key expires 3 s after the extend).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_renewal_confirmed_after_a_shorter_extend_does_not_move_the_deadline() {
-    let b: Arc<dyn Backend> = Arc::new(SlowRenewalReplies {
-        inner: MemoryBackend::new(),
-        slow_ttl: Duration::from_secs(30),
-        delay: Duration::from_secs(1),
-    });
+    let b: Arc<dyn Backend> = Arc::new(Hooked::slow_renewal_replies(
+        Duration::from_secs(30),
+        Duration::from_secs(1),
+    ));
     let g = Lock::new("epoch")
         .ttl(Duration::from_secs(30))
         .with_backend(b)
@@ -400,56 +435,18 @@ fn a_guard_dropped_outside_a_runtime_gives_back() {
     );
 }
 
-/// The in-memory store, recording when each try was sent.
-#[derive(Debug, Default)]
-struct CountedTries {
-    inner: MemoryBackend,
-    sent: std::sync::Mutex<Vec<Instant>>,
-}
-
-impl Backend for CountedTries {
-    fn try_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        self.sent.lock().unwrap().push(Instant::now());
-        self.inner.try_acquire(name, owner, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        keep_for: Option<Duration>,
-        all: bool,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        self.inner.release(name, owner, keep_for, all)
-    }
-    fn extend<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        self.inner.extend(name, owner, ttl)
-    }
-    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        self.inner.watch(name)
-    }
-    fn has_waiters(&self, name: &str) -> bool {
-        self.inner.has_waiters(name)
-    }
-}
-
 /// A wait that runs out while sleeping sends no last try at its deadline: such a try could only
 /// be cut off unread (its limit is the deadline) and given back, and on a store where the give-back
 /// can race the grant (a pooled database) that is how a cancelled grant became an orphan
 /// (sql.md #1's amplifier).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_wait_that_runs_out_sends_no_try_at_its_deadline() {
-    let b = Arc::new(CountedTries::default());
-    let backend: Arc<dyn Backend> = b.clone();
+    let tries: Arc<std::sync::Mutex<Vec<Instant>>> = Arc::default();
+    let t = tries.clone();
+    let backend: Arc<dyn Backend> = Arc::new(Hooked {
+        on_try: Some(Box::new(move || t.lock().unwrap().push(Instant::now()))),
+        ..Hooked::default()
+    });
     let holder = Lock::new("deadline-try")
         .with_backend(backend.clone())
         .ttl(Duration::from_secs(10))
@@ -464,7 +461,7 @@ async fn a_wait_that_runs_out_sends_no_try_at_its_deadline() {
         .acquire()
         .await;
     assert!(matches!(r, Err(LockError::TimedOut { .. })), "{r:?}");
-    let sent = b.sent.lock().unwrap().clone();
+    let sent = tries.lock().unwrap().clone();
     // The holder's try, then the waiter's first try and its retry right after subscribing.
     assert_eq!(sent.len(), 3, "tries sent at {sent:?}");
     assert!(
@@ -481,11 +478,10 @@ async fn a_wait_that_runs_out_sends_no_try_at_its_deadline() {
 /// The extend to 30 s is applied at once but answered 5 ms later; the renewal fires in between.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_renewal_racing_an_extend_leaves_the_server_lease_at_least_the_guards() {
-    let b: Arc<dyn Backend> = Arc::new(SlowRenewalReplies {
-        inner: MemoryBackend::new(),
-        slow_ttl: Duration::from_secs(30),
-        delay: Duration::from_millis(5),
-    });
+    let b: Arc<dyn Backend> = Arc::new(Hooked::slow_renewal_replies(
+        Duration::from_secs(30),
+        Duration::from_millis(5),
+    ));
     let start = Instant::now();
     let g = Lock::new("renew-vs-extend")
         .with_backend(b.clone())
@@ -506,80 +502,43 @@ async fn a_renewal_racing_an_extend_leaves_the_server_lease_at_least_the_guards(
     g.release().await.unwrap();
 }
 
-/// The in-memory store whose first renewal (an extend with `renew_ttl`) waits for `gate`, and whose
-/// first extend with another ttl (the user's) fails with a transport error.
-#[derive(Debug)]
-struct GatedRenewal {
-    inner: MemoryBackend,
-    renew_ttl: Duration,
-    gate: tokio::sync::Notify,
-    renewals: std::sync::atomic::AtomicU32,
-    user_extends: std::sync::atomic::AtomicU32,
-}
-
-impl Backend for GatedRenewal {
-    fn try_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        self.inner.try_acquire(name, owner, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        keep_for: Option<Duration>,
-        all: bool,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        self.inner.release(name, owner, keep_for, all)
-    }
-    fn extend<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        use std::sync::atomic::Ordering::SeqCst;
-        Box::pin(async move {
-            if ttl == self.renew_ttl {
-                if self.renewals.fetch_add(1, SeqCst) == 0 {
-                    self.gate.notified().await;
-                }
-            } else if self.user_extends.fetch_add(1, SeqCst) == 0 {
-                return Err(LockError::Backend {
-                    key: name.to_string(),
-                    source: "connection reset (test)".into(),
-                });
-            } else {
-                self.renewals.fetch_add(1, SeqCst);
-            }
-            self.inner.extend(name, owner, ttl).await
-        })
-    }
-    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        self.inner.watch(name)
-    }
-    fn has_waiters(&self, name: &str) -> bool {
-        self.inner.has_waiters(name)
-    }
-}
-
 /// A renewal whose confirmation is discarded because an `extend` was sent meanwhile, when that
 /// extend then fails, must not drop the hold out of the watchdog: renewals go on (or, if they
 /// cannot, `lost_token()` fires). Before, neither happened (redis-family.md #3b).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_renewal_discarded_for_a_failed_extend_keeps_the_hold_renewed() {
     use std::sync::atomic::Ordering::SeqCst;
-    let b = Arc::new(GatedRenewal {
-        inner: MemoryBackend::new(),
-        renew_ttl: Duration::from_secs(3),
-        gate: tokio::sync::Notify::new(),
-        renewals: Default::default(),
-        user_extends: Default::default(),
+    // The first renewal (an extend with the 3 s ttl) waits at the gate; the first extend with
+    // another ttl (the user's) fails with a transport error.
+    #[derive(Default)]
+    struct Gate {
+        gate: tokio::sync::Notify,
+        renewals: std::sync::atomic::AtomicU32,
+        user_extends: std::sync::atomic::AtomicU32,
+    }
+    let b = Arc::new(Gate::default());
+    let gate = b.clone();
+    let backend: Arc<dyn Backend> = Arc::new(Hooked {
+        extend: Some(Box::new(move |inner, name, owner, ttl| {
+            let gate = gate.clone();
+            Box::pin(async move {
+                if ttl == Duration::from_secs(3) {
+                    if gate.renewals.fetch_add(1, SeqCst) == 0 {
+                        gate.gate.notified().await;
+                    }
+                } else if gate.user_extends.fetch_add(1, SeqCst) == 0 {
+                    return Err(LockError::Backend {
+                        key: name.to_string(),
+                        source: "connection reset (test)".into(),
+                    });
+                } else {
+                    gate.renewals.fetch_add(1, SeqCst);
+                }
+                inner.extend(name, owner, ttl).await
+            })
+        })),
+        ..Hooked::default()
     });
-    let backend: Arc<dyn Backend> = b.clone();
     let start = Instant::now();
     let g = Lock::new("renew-vs-failed-extend")
         .with_backend(backend)
