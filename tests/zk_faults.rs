@@ -313,3 +313,101 @@ async fn lost_create_reply_leaves_no_orphan_node() {
     .expect("free after the holder released");
     g.release().await.unwrap();
 }
+
+/// A release whose delete is lost to a connection loss (the request was written, the connection
+/// then broke, and the client does not re-send it) is retried by the backend on the same
+/// session until the server confirms the node gone. The release itself reports a backend error
+/// (never `NotOwner`: nothing answered that the node is not ours), and another backend gets the
+/// name within a bound far below the session's lifetime, which never ends here (same session
+/// id before and after), so the node was deleted by the retry, not by a session expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_lost_to_a_connection_loss_is_retried_until_the_node_is_gone() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    // The servers clamp sessions to 20 ticks (5 s).
+    let session = Duration::from_secs(5);
+    let b = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        session,
+        Duration::from_millis(500),
+    )
+    .await;
+    let sid = b.session_id();
+    let g = Lock::new("stuck")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let dir = b.lock_dir("stuck");
+    let admin_c = admin(&server).await;
+    assert_eq!(admin_c.list_children(&dir).await.unwrap().len(), 1);
+    let owner = g.owner().to_string();
+    proxy.set_mode(Mode::Blackhole);
+    let r = tokio::time::timeout(Duration::from_secs(10), g.release())
+        .await
+        .expect("release is bounded");
+    assert!(
+        matches!(r, Err(LockError::Backend { .. })),
+        "an unconfirmed delete is a backend error, not {r:?}"
+    );
+    // A later release of the same owner (the core's retried give-back) while the delete is
+    // still unconfirmed is no `NotOwner` either.
+    let again = tokio::time::timeout(
+        Duration::from_secs(10),
+        dlock::Backend::release(&b, "stuck", &owner, None, true),
+    )
+    .await
+    .expect("release is bounded");
+    assert!(
+        matches!(again, Err(LockError::Backend { .. })),
+        "a release retried while the delete is unconfirmed: {again:?}"
+    );
+    // Healing closes the connection that swallowed the delete: the client reconnects on the
+    // same session, and the written delete is failed, not re-sent.
+    proxy.set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let other = backend(&server.hosts(), SESSION, Duration::from_secs(2)).await;
+    let bound = Duration::from_secs(3);
+    let g2 = tokio::time::timeout(
+        bound + Duration::from_secs(5),
+        Lock::new("stuck")
+            .with_backend(Arc::new(other.clone()))
+            .wait(bound)
+            .acquire(),
+    )
+    .await
+    .expect("bounded")
+    .unwrap_or_else(|e| {
+        panic!(
+            "the name is still blocked {:?} after the heal: {e}",
+            healed.elapsed()
+        )
+    });
+    let took = healed.elapsed();
+    assert!(took < session, "took {took:?}");
+    eprintln!("the name was free {took:?} after the heal");
+    assert_eq!(
+        b.session_id(),
+        sid,
+        "the node went by the backend's retry, not with a new session"
+    );
+    // The old session is still alive on the server (it was not expired meanwhile).
+    let st = admin_c
+        .check_stat(&format!(
+            "{dir}/{}",
+            admin_c.list_children(&dir).await.unwrap()[0]
+        ))
+        .await
+        .unwrap()
+        .expect("the new holder's node");
+    assert_eq!(st.ephemeral_owner, other.session_id());
+    let probe = Lock::new("stuck-probe")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .expect("the first backend still works");
+    assert_eq!(b.session_id(), sid, "same session after the heal");
+    probe.release().await.unwrap();
+    g2.release().await.unwrap();
+}
