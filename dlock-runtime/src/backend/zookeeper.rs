@@ -973,6 +973,14 @@ impl Inner {
                 Err(e) => Err(e),
             },
             Target::Prefix { dir, prefix } => {
+                // The session may have moved to another server since the create was sent: the
+                // create, committed by the leader, may not be applied on this one yet. `sync`
+                // first, so the listing below sees it.
+                match self.bounded(name, c.sync(dir)).await {
+                    Ok(()) => {}
+                    Err(e) if is_no_node(&e) => return Ok(Gone::Absent),
+                    Err(e) => return Err(e),
+                }
                 let children = match self.bounded(name, c.list_children(dir)).await {
                     Ok(ch) => ch,
                     Err(e) if is_no_node(&e) => return Ok(Gone::Absent),
