@@ -749,3 +749,49 @@ fn a_waiter_whose_runtime_shuts_down_mid_wait_leaves_no_queued_node() {
         g.release().await.unwrap();
     });
 }
+
+/// Busy tries leave no predecessor watch behind (review M4). Every try that finds the name held
+/// queues a node and watches its predecessor; the give-back of a busy try (wait 0) must drop
+/// that watch. After 1,000 busy tries on a second backend, the holder's release wakes nobody
+/// there (0 predecessor-watch notifications: nobody waits), and only the holder's node was
+/// left. Before, each try left a task (holding the backend) and a client watcher on the
+/// holder's node until it changed, and the release fired all 1,000 at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_busy_tries_leave_no_predecessor_watch_behind() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let b1 = zk_backend(&server).await;
+    let b2 = zk_backend(&server).await;
+    let holder = Lock::new("hot")
+        .with_backend(Arc::new(b1.clone()))
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let b2d: Arc<dyn dlock::Backend> = Arc::new(b2.clone());
+    for i in 0..1000 {
+        let r = Lock::new("hot").with_backend(b2d.clone()).acquire().await;
+        assert!(
+            matches!(r, Err(dlock::LockError::Busy { .. })),
+            "try {i}: {r:?}"
+        );
+    }
+    let admin_c = admin(&server).await;
+    let dir = b1.lock_dir("hot");
+    let left = common::eventually(Duration::from_secs(10), || async {
+        admin_c.list_children(&dir).await.unwrap().len() == 1
+    })
+    .await;
+    assert!(left, "the busy tries' nodes are not all gone");
+    // A try can queue behind the node of the try before it, whose give-back (in the
+    // background) deletes it a moment later: that watch fires, rightly, while the try is
+    // still there. Count only what the holder's release fires.
+    let before = b2.watch_notifications();
+    holder.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    eprintln!("notifications before the release: {before}");
+    assert_eq!(
+        b2.watch_notifications() - before,
+        0,
+        "predecessor watches of busy tries fired after they had left"
+    );
+}

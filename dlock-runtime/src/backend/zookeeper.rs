@@ -425,6 +425,9 @@ struct Hold {
     token: u64,
     /// A predecessor watch is armed.
     watching: bool,
+    /// The task waiting on that watch: aborted (which drops the client's watcher) when the
+    /// contender leaves, so a busy try or a given-up wait leaves no task and no watcher behind.
+    watch_task: Option<Arc<tokio::task::AbortHandle>>,
     /// Being deleted: the reaper's progress. The hold stays here until the server confirmed
     /// the node gone (or its session ended), so no later release of this owner can answer
     /// `NotOwner` for a node that may still be there.
@@ -785,6 +788,7 @@ impl Inner {
                 count: 0,
                 token: 0,
                 watching: false,
+                watch_task: None,
                 releasing: None,
             },
         );
@@ -931,19 +935,33 @@ impl Inner {
             let pred_path = format!("{dir}/{pred}");
             match self.bounded(name, c.check_and_watch_stat(&pred_path)).await {
                 Ok((Some(_), w)) => {
-                    let me = Arc::clone(self);
-                    let name = name.to_string();
-                    self.driver.handle.spawn(async move {
+                    // Weak: a pending watch does not keep a dropped backend (its session and
+                    // driver thread) alive.
+                    let me = Arc::downgrade(self);
+                    let (name, wkey) = (name.to_string(), key.clone());
+                    let task = self.driver.handle.spawn(async move {
                         let _ = w.changed().await;
+                        let Some(me) = me.upgrade() else {
+                            return;
+                        };
                         me.notifications
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if let Some(h) = me.holds().get_mut(&key) {
+                        if let Some(h) = me.holds().get_mut(&wkey) {
                             h.watching = false;
+                            h.watch_task = None;
                         }
                         // The predecessor left (released or gave up): wake this process's waiters
                         // for the name so the successor re-checks.
                         while me.waiters.wake_one(&name) {}
                     });
+                    match self.holds().get_mut(&key) {
+                        Some(h) if h.releasing.is_none() && h.watching => {
+                            h.watch_task = Some(Arc::new(task.abort_handle()));
+                        }
+                        // Left (or the watch fired) meanwhile: aborting a finished task is
+                        // a no-op.
+                        _ => task.abort(),
+                    }
                 }
                 Ok((None, _)) => {
                     // Predecessor already gone: the caller retries at once.
@@ -1035,6 +1053,11 @@ impl Inner {
             ..Reaping::default()
         });
         h.releasing = Some(rx.clone());
+        // The contender leaves: its predecessor watch goes too (review M4).
+        if let Some(t) = h.watch_task.take() {
+            t.abort();
+        }
+        h.watching = false;
         self.driver.handle.spawn(reap(
             Arc::downgrade(self),
             key.clone(),
