@@ -411,3 +411,74 @@ async fn a_delete_lost_to_a_connection_loss_is_retried_until_the_node_is_gone() 
     probe.release().await.unwrap();
     g2.release().await.unwrap();
 }
+
+/// A release goes on on the backend's driver thread whoever called it: a release future dropped
+/// without ever being polled still deletes the node, and so does one whose caller's runtime is
+/// dropped while its delete is lost (blackholed, then the connection breaks): the backend
+/// retries it on the same session once the server is reachable. The core relies on this to give
+/// back holds from a runtime that is shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_on_on_the_driver_when_its_caller_goes_away() {
+    use dlock::Acquired;
+    use dlock::Backend as _;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    let b = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+    )
+    .await;
+    let sid = b.session_id();
+    let ttl = Duration::from_secs(60);
+    for (name, owner) in [("dropped", "owner-1"), ("cut-off", "owner-2")] {
+        let r = b.try_acquire(name, owner, ttl).await.unwrap();
+        assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    }
+    let admin_c = admin(&server).await;
+    let gone = |name: &'static str| {
+        let (admin_c, dir) = (&admin_c, b.lock_dir(name));
+        async move {
+            common::eventually(Duration::from_secs(3), || async {
+                admin_c
+                    .list_children(&dir)
+                    .await
+                    .map_or(true, |k| k.is_empty())
+            })
+            .await
+        }
+    };
+    // Dropped unpolled.
+    drop(b.release("dropped", "owner-1", None, true));
+    assert!(
+        gone("dropped").await,
+        "a release dropped unpolled did nothing"
+    );
+    // Polled on a runtime that goes away while its delete is lost.
+    proxy.set_mode(Mode::Blackhole);
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_millis(100),
+                b2.release("cut-off", "owner-2", None, true),
+            )
+            .await
+        });
+        assert!(r.is_err(), "the delete cannot be answered: {r:?}");
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        gone("cut-off").await,
+        "a release cut off with its caller's runtime left the node"
+    );
+    assert_eq!(b.session_id(), sid, "deleted on the same session");
+}
