@@ -313,3 +313,172 @@ async fn lost_create_reply_leaves_no_orphan_node() {
     .expect("free after the holder released");
     g.release().await.unwrap();
 }
+
+/// A release whose delete is lost to a connection loss (the request was written, the connection
+/// then broke, and the client does not re-send it) is retried by the backend on the same
+/// session until the server confirms the node gone. The release itself reports a backend error
+/// (never `NotOwner`: nothing answered that the node is not ours), and another backend gets the
+/// name within a bound far below the session's lifetime, which never ends here (same session
+/// id before and after), so the node was deleted by the retry, not by a session expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_lost_to_a_connection_loss_is_retried_until_the_node_is_gone() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    // The servers clamp sessions to 20 ticks (5 s).
+    let session = Duration::from_secs(5);
+    let b = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        session,
+        Duration::from_millis(500),
+    )
+    .await;
+    let sid = b.session_id();
+    let g = Lock::new("stuck")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let dir = b.lock_dir("stuck");
+    let admin_c = admin(&server).await;
+    assert_eq!(admin_c.list_children(&dir).await.unwrap().len(), 1);
+    let owner = g.owner().to_string();
+    proxy.set_mode(Mode::Blackhole);
+    let r = tokio::time::timeout(Duration::from_secs(10), g.release())
+        .await
+        .expect("release is bounded");
+    assert!(
+        matches!(r, Err(LockError::Backend { .. })),
+        "an unconfirmed delete is a backend error, not {r:?}"
+    );
+    // A later release of the same owner (the core's retried give-back) while the delete is
+    // still unconfirmed is no `NotOwner` either.
+    let again = tokio::time::timeout(
+        Duration::from_secs(10),
+        dlock::Backend::release(&b, "stuck", &owner, None, true),
+    )
+    .await
+    .expect("release is bounded");
+    assert!(
+        matches!(again, Err(LockError::Backend { .. })),
+        "a release retried while the delete is unconfirmed: {again:?}"
+    );
+    // Healing closes the connection that swallowed the delete: the client reconnects on the
+    // same session, and the written delete is failed, not re-sent.
+    proxy.set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let other = backend(&server.hosts(), SESSION, Duration::from_secs(2)).await;
+    let bound = Duration::from_secs(3);
+    let g2 = tokio::time::timeout(
+        bound + Duration::from_secs(5),
+        Lock::new("stuck")
+            .with_backend(Arc::new(other.clone()))
+            .wait(bound)
+            .acquire(),
+    )
+    .await
+    .expect("bounded")
+    .unwrap_or_else(|e| {
+        panic!(
+            "the name is still blocked {:?} after the heal: {e}",
+            healed.elapsed()
+        )
+    });
+    let took = healed.elapsed();
+    assert!(took < session, "took {took:?}");
+    eprintln!("the name was free {took:?} after the heal");
+    assert_eq!(
+        b.session_id(),
+        sid,
+        "the node went by the backend's retry, not with a new session"
+    );
+    // The old session is still alive on the server (it was not expired meanwhile).
+    let st = admin_c
+        .check_stat(&format!(
+            "{dir}/{}",
+            admin_c.list_children(&dir).await.unwrap()[0]
+        ))
+        .await
+        .unwrap()
+        .expect("the new holder's node");
+    assert_eq!(st.ephemeral_owner, other.session_id());
+    let probe = Lock::new("stuck-probe")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .expect("the first backend still works");
+    assert_eq!(b.session_id(), sid, "same session after the heal");
+    probe.release().await.unwrap();
+    g2.release().await.unwrap();
+}
+
+/// A release goes on on the backend's driver thread whoever called it: a release future dropped
+/// without ever being polled still deletes the node, and so does one whose caller's runtime is
+/// dropped while its delete is lost (blackholed, then the connection breaks): the backend
+/// retries it on the same session once the server is reachable. The core relies on this to give
+/// back holds from a runtime that is shutting down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_goes_on_on_the_driver_when_its_caller_goes_away() {
+    use dlock::Acquired;
+    use dlock::Backend as _;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let proxy = Proxy::start(server.port());
+    let b = backend(
+        &format!("127.0.0.1:{}", proxy.port()),
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+    )
+    .await;
+    let sid = b.session_id();
+    let ttl = Duration::from_secs(60);
+    for (name, owner) in [("dropped", "owner-1"), ("cut-off", "owner-2")] {
+        let r = b.try_acquire(name, owner, ttl).await.unwrap();
+        assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    }
+    let admin_c = admin(&server).await;
+    let gone = |name: &'static str| {
+        let (admin_c, dir) = (&admin_c, b.lock_dir(name));
+        async move {
+            common::eventually(Duration::from_secs(3), || async {
+                admin_c
+                    .list_children(&dir)
+                    .await
+                    .map_or(true, |k| k.is_empty())
+            })
+            .await
+        }
+    };
+    // Dropped unpolled.
+    drop(b.release("dropped", "owner-1", None, true));
+    assert!(
+        gone("dropped").await,
+        "a release dropped unpolled did nothing"
+    );
+    // Polled on a runtime that goes away while its delete is lost.
+    proxy.set_mode(Mode::Blackhole);
+    let b2 = b.clone();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_millis(100),
+                b2.release("cut-off", "owner-2", None, true),
+            )
+            .await
+        });
+        assert!(r.is_err(), "the delete cannot be answered: {r:?}");
+        drop(rt);
+    })
+    .join()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Pass);
+    assert!(
+        gone("cut-off").await,
+        "a release cut off with its caller's runtime left the node"
+    );
+    assert_eq!(b.session_id(), sid, "deleted on the same session");
+}

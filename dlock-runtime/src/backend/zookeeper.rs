@@ -10,7 +10,13 @@
 //!   (its node is kept under `(name, owner)`) and watches **its predecessor only**; the next try
 //!   re-checks instead of creating again.
 //! - `release` of a holder deletes its node (after `keep_for` when given); `release` of a queued
-//!   contender (a wait that ended) deletes its node too and answers `NotOwner`.
+//!   contender (a wait that ended) deletes its node too and answers `NotOwner`. A hold is
+//!   forgotten only once the server confirmed its node gone (deleted, `NoNode`, or its session
+//!   ended): a delete that failed (a connection loss fails the written requests, and the client
+//!   does not re-send them, while the session lives on) is retried by a per-node reaper on the
+//!   driver thread with back-off until then, and the release answers `LockError::Backend`
+//!   meanwhile, never `NotOwner`. `release` itself runs on the driver thread, so a caller's
+//!   runtime that shuts down cannot cut it off.
 //! - The fencing token is the node's creation zxid (`czxid`): ZooKeeper's global transaction id,
 //!   strictly increasing across holders of every name.
 //! - `extend` does not write: it checks that the node still exists (bounded by the request
@@ -409,7 +415,8 @@ fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Lock
 
 #[derive(Debug, Clone)]
 struct Hold {
-    /// Full path of this contender's node.
+    /// Full path of this contender's node (ending in `-lock-`: a create whose reply was not
+    /// read, its node known only by that unique prefix).
     path: String,
     /// Session that created it.
     session: i64,
@@ -418,6 +425,58 @@ struct Hold {
     token: u64,
     /// A predecessor watch is armed.
     watching: bool,
+    /// The task waiting on that watch: aborted (which drops the client's watcher) when the
+    /// contender leaves, so a busy try or a given-up wait leaves no task and no watcher behind.
+    watch_task: Option<Arc<tokio::task::AbortHandle>>,
+    /// Being deleted: the reaper's progress. The hold stays here until the server confirmed
+    /// the node gone (or its session ended), so no later release of this owner can answer
+    /// `NotOwner` for a node that may still be there.
+    releasing: Option<tokio::sync::watch::Receiver<Reaping>>,
+}
+
+/// How a node was confirmed gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Gone {
+    /// Deleted by this backend.
+    Deleted,
+    /// The server answered `NoNode`, or the session that owned it ended (its ephemeral nodes
+    /// go with it).
+    Absent,
+}
+
+/// The progress of a node's reaper (see [`Inner::start_reaping`]).
+#[derive(Debug, Clone, Default)]
+struct Reaping {
+    /// Delete attempts made so far.
+    tries: u32,
+    /// The first attempt waits for a `keep_for` (the release already answered `Freed`).
+    delayed: bool,
+    /// Confirmed gone: the hold is forgotten.
+    done: Option<Gone>,
+    /// Why the last attempt failed.
+    last_error: Option<Arc<str>>,
+}
+
+/// First and longest pause between a reaper's delete attempts.
+const REAP_RETRY_FIRST: Duration = Duration::from_millis(50);
+const REAP_RETRY_MAX: Duration = Duration::from_secs(1);
+
+/// Where a hold's node is.
+enum Target<'a> {
+    Path(&'a str),
+    /// A create whose reply was not read: the node, if made, is the child of `dir` whose name
+    /// starts with `prefix` (protected mode).
+    Prefix {
+        dir: &'a str,
+        prefix: &'a str,
+    },
+}
+
+fn target_of(path: &str) -> Target<'_> {
+    match path.rsplit_once('/') {
+        Some((dir, prefix)) if path.ends_with("-lock-") => Target::Prefix { dir, prefix },
+        _ => Target::Path(path),
+    }
 }
 
 #[derive(Debug)]
@@ -729,9 +788,16 @@ impl Inner {
                 count: 0,
                 token: 0,
                 watching: false,
+                watch_task: None,
+                releasing: None,
             },
         );
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
+        // Nothing was created: forget the pending entry.
+        let nothing = |e: LockError| {
+            self.holds().remove(key);
+            Err(e)
+        };
         for _ in 0..3 {
             match tokio::time::timeout(
                 self.cfg.request_timeout,
@@ -749,25 +815,25 @@ impl Inner {
                                 source.downcast_ref::<zk::Error>(),
                                 Some(zk::Error::NodeExists)
                             ) => {}
-                        Err(e) => return Err(e),
+                        Err(e) => return nothing(e),
                     }
                 }
                 Ok(Err(
                     e @ (zk::Error::NoAuth | zk::Error::InvalidAcl | zk::Error::AuthFailed),
                 )) => {
                     // Refused: nothing was created, nothing to clean up.
-                    return Err(be(name, e));
+                    return nothing(be(name, e));
                 }
                 Ok(Err(e)) => {
                     // Any other error (connection loss, the client's own timeout, ...) may
-                    // come after the server created the node: find it by its unique prefix,
-                    // delete it (retried in the background until done or the session ended),
-                    // and report the failure (no orphan).
-                    self.clean_orphan(name, c, dir, &prefix, session).await;
+                    // come after the server created the node: the reaper finds it by its
+                    // unique prefix and deletes it (retried until done or the session ended;
+                    // the hold stays until then), and the failure is reported (no orphan).
+                    self.start_reaping(key, Duration::ZERO);
                     return Err(be(name, e));
                 }
                 Err(_) => {
-                    self.clean_orphan(name, c, dir, &prefix, session).await;
+                    self.start_reaping(key, Duration::ZERO);
                     return Err(be(
                         name,
                         "ZooKeeper create timed out; its node, if made, is removed",
@@ -775,7 +841,7 @@ impl Inner {
                 }
             }
         }
-        Err(be(name, "ZooKeeper lock parent keeps disappearing"))
+        nothing(be(name, "ZooKeeper lock parent keeps disappearing"))
     }
 
     async fn try_acquire(
@@ -788,6 +854,10 @@ impl Inner {
         let c = self.live_client().await?;
         let session = c.session_id().0;
         let existing = self.holds().get(&key).cloned();
+        if existing.as_ref().is_some_and(|h| h.releasing.is_some()) {
+            // Owners are fresh per acquisition; this one was given back already.
+            return Err(be(name, "this owner's lock node is being deleted"));
+        }
         let dir = format!("{}/{}", self.cfg.root, escape(name));
         let (path, token) = match existing {
             Some(h) if h.session == session => {
@@ -814,13 +884,9 @@ impl Inner {
             _ => {
                 // None, or a node of an expired session (gone with it).
                 self.holds().remove(&key);
-                let (path, token) = match self.create_node(&c, name, &dir, &key, session).await {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.holds().remove(&key);
-                        return Err(e);
-                    }
-                };
+                // On an error, `create_node` forgot the entry (nothing created) or handed it to
+                // the reaper (a create whose outcome is unknown).
+                let (path, token) = self.create_node(&c, name, &dir, &key, session).await?;
                 if let Some(h) = self.holds().get_mut(&key) {
                     h.path = path.clone();
                     h.token = token;
@@ -833,7 +899,8 @@ impl Inner {
         let children = match self.bounded(name, c.list_children(&dir)).await {
             Ok(ch) => ch,
             Err(e) => {
-                self.abandon(&key).await;
+                // Queued or not, the node goes (the reaper retries until confirmed).
+                self.start_reaping(&key, Duration::ZERO);
                 return Err(e);
             }
         };
@@ -868,19 +935,33 @@ impl Inner {
             let pred_path = format!("{dir}/{pred}");
             match self.bounded(name, c.check_and_watch_stat(&pred_path)).await {
                 Ok((Some(_), w)) => {
-                    let me = Arc::clone(self);
-                    let name = name.to_string();
-                    self.driver.handle.spawn(async move {
+                    // Weak: a pending watch does not keep a dropped backend (its session and
+                    // driver thread) alive.
+                    let me = Arc::downgrade(self);
+                    let (name, wkey) = (name.to_string(), key.clone());
+                    let task = self.driver.handle.spawn(async move {
                         let _ = w.changed().await;
+                        let Some(me) = me.upgrade() else {
+                            return;
+                        };
                         me.notifications
                             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if let Some(h) = me.holds().get_mut(&key) {
+                        if let Some(h) = me.holds().get_mut(&wkey) {
                             h.watching = false;
+                            h.watch_task = None;
                         }
                         // The predecessor left (released or gave up): wake this process's waiters
                         // for the name so the successor re-checks.
                         while me.waiters.wake_one(&name) {}
                     });
+                    match self.holds().get_mut(&key) {
+                        Some(h) if h.releasing.is_none() && h.watching => {
+                            h.watch_task = Some(Arc::new(task.abort_handle()));
+                        }
+                        // Left (or the watch fired) meanwhile: aborting a finished task is
+                        // a no-op.
+                        _ => task.abort(),
+                    }
                 }
                 Ok((None, _)) => {
                     // Predecessor already gone: the caller retries at once.
@@ -900,76 +981,142 @@ impl Inner {
         Ok(Acquired::Busy { remaining: None })
     }
 
-    /// Deletes the nodes under `dir` whose name starts with `prefix` (one create's node, found
-    /// by its unique prefix). True once none is left.
-    async fn delete_by_prefix(&self, name: &str, c: &zk::Client, dir: &str, prefix: &str) -> bool {
-        let children = match self.bounded(name, c.list_children(dir)).await {
-            Ok(ch) => ch,
-            Err(e) => return is_no_node(&e),
-        };
-        let mut done = true;
-        for ch in children.iter().filter(|ch| ch.starts_with(prefix)) {
-            match self
-                .bounded(name, c.delete(&format!("{dir}/{ch}"), None))
-                .await
-            {
-                Ok(()) => {}
-                Err(e) if is_no_node(&e) => {}
-                Err(_) => done = false,
+    /// One attempt at deleting the node at `path` (see [`target_of`]) on `c`, bounded by the
+    /// request timeout: `Ok` once the server confirmed it gone.
+    async fn delete_node(&self, name: &str, c: &zk::Client, path: &str) -> Result<Gone, LockError> {
+        match target_of(path) {
+            Target::Path(p) => match self.bounded(name, c.delete(p, None)).await {
+                Ok(()) => Ok(Gone::Deleted),
+                Err(e) if is_no_node(&e) => Ok(Gone::Absent),
+                Err(e) => Err(e),
+            },
+            Target::Prefix { dir, prefix } => {
+                // The session may have moved to another server since the create was sent: the
+                // create, committed by the leader, may not be applied on this one yet. `sync`
+                // first, so the listing below sees it.
+                match self.bounded(name, c.sync(dir)).await {
+                    Ok(()) => {}
+                    Err(e) if is_no_node(&e) => return Ok(Gone::Absent),
+                    Err(e) => return Err(e),
+                }
+                let children = match self.bounded(name, c.list_children(dir)).await {
+                    Ok(ch) => ch,
+                    Err(e) if is_no_node(&e) => return Ok(Gone::Absent),
+                    Err(e) => return Err(e),
+                };
+                let mut gone = Gone::Absent;
+                for ch in children.iter().filter(|ch| ch.starts_with(prefix)) {
+                    match self
+                        .bounded(name, c.delete(&format!("{dir}/{ch}"), None))
+                        .await
+                    {
+                        Ok(()) => gone = Gone::Deleted,
+                        Err(e) if is_no_node(&e) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Ok(gone)
             }
         }
-        done
     }
 
-    /// Removes the node of a create whose reply was not read: one try now, then retries in the
-    /// background (every 250 ms, for at most ten session timeouts) until it is gone or its
-    /// session ended, which deletes it too. A lost reply thus leaves no node queued that nobody
-    /// would delete while the session lives.
-    async fn clean_orphan(
+    /// Hands `key`'s hold (if any) to its reaper (see [`Self::reaping_locked`]).
+    fn start_reaping(
         self: &Arc<Self>,
-        name: &str,
-        c: &zk::Client,
-        dir: &str,
-        prefix: &str,
-        session: i64,
-    ) {
-        if self.delete_by_prefix(name, c, dir, prefix).await {
-            return;
+        key: &(String, String),
+        delay: Duration,
+    ) -> Option<tokio::sync::watch::Receiver<Reaping>> {
+        let mut holds = self.holds();
+        let h = holds.get_mut(key)?;
+        Some(self.reaping_locked(key, h, delay))
+    }
+
+    /// Marks hold `h` (of `key`) as being deleted and starts its reaper on the driver thread
+    /// (unless one runs already): the first attempt after `delay` (a `keep_for`), then retries
+    /// with back-off ([`REAP_RETRY_FIRST`] doubling to [`REAP_RETRY_MAX`]) until the server
+    /// confirmed the node gone (deleted, or `NoNode`) or its session ended. Only then is the
+    /// hold forgotten. A delete lost to a connection loss (zookeeper-client fails the written
+    /// requests of a broken connection and does not re-send them; the session lives on) is
+    /// thus sent again on the reconnected session instead of leaving the node to block the
+    /// name for as long as the session lives. Returns the reaper's progress.
+    fn reaping_locked(
+        self: &Arc<Self>,
+        key: &(String, String),
+        h: &mut Hold,
+        delay: Duration,
+    ) -> tokio::sync::watch::Receiver<Reaping> {
+        if let Some(rx) = &h.releasing {
+            return rx.clone();
         }
-        let me = Arc::clone(self);
-        let (name, dir, prefix) = (name.to_string(), dir.to_string(), prefix.to_string());
-        self.driver.handle.spawn(async move {
-            let give_up = tokio::time::Instant::now() + me.cfg.session_timeout * 10;
-            loop {
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                let sess = me.session().clone();
-                if sess.id != session || sess.ended() {
-                    return;
-                }
-                if me
-                    .delete_by_prefix(&name, &sess.client, &dir, &prefix)
-                    .await
-                {
-                    tracing::debug!(key = %name, "dlock: removed the node of a create whose reply was lost");
-                    return;
-                }
-                if tokio::time::Instant::now() >= give_up {
-                    tracing::warn!(key = %name, "dlock: could not remove the node of a create whose reply was lost; it goes with its session");
-                    return;
-                }
-            }
+        let (tx, rx) = tokio::sync::watch::channel(Reaping {
+            delayed: !delay.is_zero(),
+            ..Reaping::default()
         });
+        h.releasing = Some(rx.clone());
+        // The contender leaves: its predecessor watch goes too (review M4).
+        if let Some(t) = h.watch_task.take() {
+            t.abort();
+        }
+        h.watching = false;
+        self.driver.handle.spawn(reap(
+            Arc::downgrade(self),
+            key.clone(),
+            h.path.clone(),
+            h.session,
+            delay,
+            tx,
+        ));
+        rx
     }
 
-    /// Deletes a contender's node and forgets it (best effort).
-    async fn abandon(&self, key: &(String, String)) {
-        let h = self.holds().remove(key);
-        if let Some(h) = h {
-            let c = self.client();
-            let _ = self.bounded(&key.0, c.delete(&h.path, None)).await;
+    /// Waits for the reaper behind `rx`: `Some` once the node is confirmed gone, `None` when its
+    /// first attempt waits for a `keep_for`. An attempt made that did not confirm it within the
+    /// request timeout is a [`LockError::Backend`] (the reaper goes on).
+    async fn await_reaped(
+        &self,
+        name: &str,
+        mut rx: tokio::sync::watch::Receiver<Reaping>,
+    ) -> Result<Option<Gone>, LockError> {
+        let start = tokio::time::Instant::now();
+        let bound = self.cfg.request_timeout;
+        loop {
+            let st = rx.borrow_and_update().clone();
+            if let Some(g) = st.done {
+                return Ok(Some(g));
+            }
+            if st.delayed && st.tries == 0 {
+                return Ok(None);
+            }
+            // One attempt is itself bounded by the request timeout: wait for at least one,
+            // then give up waiting once the bound passed.
+            let until = start + if st.tries > 0 { bound } else { bound * 3 };
+            if tokio::time::Instant::now() >= until {
+                return Err(be(
+                    name,
+                    format!(
+                        "deleting the ZooKeeper lock node is not confirmed ({}); the backend \
+                         retries until it is or the session ends",
+                        st.last_error.as_deref().unwrap_or("no answer yet")
+                    ),
+                ));
+            }
+            if let Ok(Err(_)) = tokio::time::timeout_at(until, rx.changed()).await {
+                let st = rx.borrow().clone();
+                return match st.done {
+                    Some(g) => Ok(Some(g)),
+                    None => Err(be(
+                        name,
+                        "the ZooKeeper backend stopped before its lock node was confirmed deleted",
+                    )),
+                };
+            }
         }
     }
 
+    /// Gives back `owner`'s hold of `name`. Runs on the driver thread (see
+    /// `Backend::release`). The hold is forgotten only once its node is confirmed gone; until
+    /// then the reaper retries, and this (and every later release of the owner) answers
+    /// [`LockError::Backend`], never `NotOwner`.
     async fn release(
         self: &Arc<Self>,
         name: &str,
@@ -978,75 +1125,32 @@ impl Inner {
         all: bool,
     ) -> Result<Released, LockError> {
         let key = (name.to_string(), owner.to_string());
-        let h = {
+        let session = {
+            let s = self.session();
+            (!s.ended()).then_some(s.id)
+        };
+        let (held, rx) = {
             let mut holds = self.holds();
             let Some(h) = holds.get_mut(&key) else {
                 return Ok(Released::NotOwner);
             };
-            if h.held && h.count > 1 && !all {
+            if h.releasing.is_none() && h.held && h.count > 1 && !all {
                 h.count -= 1;
                 return Ok(Released::Decremented(h.count));
             }
-            holds.remove(&key).expect("present")
+            // A node whose session ended is gone already: no `keep_for` to honour.
+            let delay = match keep_for {
+                Some(k) if h.held && session == Some(h.session) => k,
+                _ => Duration::ZERO,
+            };
+            (h.held, self.reaping_locked(&key, h, delay))
         };
-        let c = self.client();
-        let session_now = c.session_id().0;
-        let delete = {
-            let c = c.clone();
-            let me = Arc::clone(self);
-            let path = h.path.clone();
-            let name = name.to_string();
-            async move {
-                let r = match me.bounded(&name, c.delete(&path, None)).await {
-                    Ok(()) => Ok(()),
-                    Err(LockError::Backend { source, .. })
-                        if matches!(
-                            source.downcast_ref::<zk::Error>(),
-                            Some(zk::Error::NoNode)
-                        ) =>
-                    {
-                        Err(())
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "dlock: deleting a ZooKeeper lock node failed");
-                        Err(())
-                    }
-                };
-                // A waiter of this process that queued behind local waiters without a node of
-                // its own (the lock loop does not barge past them) watches nothing: wake one so
-                // it tries. Without this, two tasks sharing a backend could each wait for the
-                // other until their deadlines.
-                me.waiters.wake_one(&name);
-                r
-            }
-        };
-        if !h.held {
-            if h.path.ends_with("-lock-") {
-                // The create's reply was never read: find the node by its unique prefix (this
-                // request is sent after the create on the same session, so it sees it).
-                let (dir, prefix) = h.path.rsplit_once('/').unwrap_or(("", ""));
-                self.clean_orphan(name, &c, dir, prefix, h.session).await;
-                self.waiters.wake_one(name);
-                return Ok(Released::NotOwner);
-            }
-            let _ = delete.await;
-            return Ok(Released::NotOwner);
-        }
-        if session_now != h.session {
-            return Ok(Released::NotOwner);
-        }
-        match keep_for {
-            Some(k) if !k.is_zero() => {
-                self.driver.handle.spawn(async move {
-                    tokio::time::sleep(k).await;
-                    let _ = delete.await;
-                });
-                Ok(Released::Freed)
-            }
-            _ => match delete.await {
-                Ok(()) => Ok(Released::Freed),
-                Err(()) => Ok(Released::NotOwner),
-            },
+        match self.await_reaped(name, rx).await? {
+            // `None`: kept for `keep_for`, then deleted (answered now, as before).
+            Some(Gone::Deleted) | None if held => Ok(Released::Freed),
+            // Not ours any more (deleted by an operator, or its session ended), or a queued
+            // contender's node (a wait that ended).
+            _ => Ok(Released::NotOwner),
         }
     }
 
@@ -1056,7 +1160,7 @@ impl Inner {
             return Ok(Extended::Lost);
         };
         let sess = self.session().clone();
-        if !h.held || sess.id != h.session || sess.ended() {
+        if !h.held || h.releasing.is_some() || sess.id != h.session || sess.ended() {
             return Ok(Extended::Lost);
         }
         let c = sess.client;
@@ -1064,6 +1168,77 @@ impl Inner {
             Some(st) if st.ephemeral_owner == h.session => Ok(Extended::Extended),
             _ => Ok(Extended::Lost),
         }
+    }
+}
+
+/// The reaper of one node (see [`Inner::reaping_locked`]), a task on the driver thread. It keeps
+/// only a weak reference to the backend: a dropped backend closes its session, which takes the
+/// node along.
+async fn reap(
+    me: std::sync::Weak<Inner>,
+    key: (String, String),
+    path: String,
+    session: i64,
+    delay: Duration,
+    tx: tokio::sync::watch::Sender<Reaping>,
+) {
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
+    }
+    let mut backoff = REAP_RETRY_FIRST;
+    let mut tries = 0u32;
+    loop {
+        let Some(inner) = me.upgrade() else {
+            return;
+        };
+        let sess = inner.session().clone();
+        let r = if sess.id != session || sess.ended() {
+            Ok(Gone::Absent)
+        } else {
+            inner.delete_node(&key.0, &sess.client, &path).await
+        };
+        tries += 1;
+        match r {
+            Ok(gone) => {
+                {
+                    let mut holds = inner.holds();
+                    if holds
+                        .get(&key)
+                        .is_some_and(|h| h.path == path && h.releasing.is_some())
+                    {
+                        holds.remove(&key);
+                    }
+                }
+                tx.send_modify(|st| {
+                    st.tries = tries;
+                    st.done = Some(gone);
+                });
+                if tries > 1 {
+                    tracing::info!(key = %key.0, tries, "dlock: a ZooKeeper lock node whose delete had failed is gone");
+                }
+                // A waiter of this process that queued behind local waiters without a node of
+                // its own (the lock loop does not barge past them) watches nothing: wake one
+                // so it tries. Without this, two tasks sharing a backend could each wait for
+                // the other until their deadlines.
+                inner.waiters.wake_one(&key.0);
+                return;
+            }
+            Err(e) => {
+                if tries == 1 {
+                    tracing::warn!(key = %key.0, error = %e, "dlock: deleting a ZooKeeper lock node failed; retrying until it is gone or its session ends");
+                } else {
+                    tracing::debug!(key = %key.0, error = %e, tries, "dlock: deleting a ZooKeeper lock node failed again");
+                }
+                let msg: Arc<str> = e.to_string().into();
+                tx.send_modify(|st| {
+                    st.tries = tries;
+                    st.last_error = Some(msg);
+                });
+            }
+        }
+        drop(inner);
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(REAP_RETRY_MAX);
     }
 }
 
@@ -1084,7 +1259,24 @@ impl Backend for ZookeeperBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(self.inner.release(name, owner, keep_for, all))
+        // Started at once on the driver thread, whatever runtime or thread calls: a caller's
+        // runtime shutting down (or this future being dropped) cannot cut the give-back off,
+        // and its retries (the reaper) run there too.
+        let inner = Arc::clone(&self.inner);
+        let (n, o) = (name.to_string(), owner.to_string());
+        let task = self
+            .inner
+            .driver
+            .handle
+            .spawn(async move { inner.release(&n, &o, keep_for, all).await });
+        Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Err(be(
+                    name,
+                    format!("the ZooKeeper backend's driver thread stopped: {e}"),
+                ))
+            })
+        })
     }
 
     fn extend<'a>(
