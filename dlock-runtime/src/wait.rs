@@ -85,7 +85,8 @@ impl WaitQueues {
     }
 
     /// Empty queues that call `on_empty(key, woken)` when a name's last waiter leaves;
-    /// `woken`: it left with a wake-up it did not use.
+    /// `woken`: it left with a wake-up it did not use (PostgreSQL's waiters' FIFO).
+    #[cfg(feature = "postgres")]
     pub(crate) fn with_on_empty_woken(on_empty: OnEmptyWoken) -> Arc<Self> {
         Arc::new(WaitQueues {
             queues: Mutex::new(HashMap::new()),
