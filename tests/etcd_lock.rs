@@ -991,3 +991,94 @@ async fn admin_list_counts_foreign_keys_as_skipped() {
     );
     g.release().await.unwrap();
 }
+
+/// A backend with a 1-s request timeout (the review's setting for the fault tests) on these
+/// endpoints.
+async fn backend_1s(endpoints: &[String]) -> dlock::EtcdBackend {
+    dlock::EtcdBackend::builder(endpoints)
+        .request_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .expect("connect to the private etcd")
+}
+
+/// Pauses the leader and one follower of a 3-member cluster and waits until the remaining
+/// follower knows it has no leader (it then refuses requests with "no leader" instead of
+/// forwarding them to the paused leader, which would apply them once resumed). Returns the
+/// remaining member's index.
+async fn pause_a_majority(cluster: &mut EtcdCluster) -> usize {
+    let leader = cluster.leader().await.expect("a leader");
+    let stay = (0..3).find(|&i| i != leader).unwrap();
+    for i in (0..3).filter(|&i| i != stay) {
+        cluster.members[i].pause();
+    }
+    let port = cluster.members[stay].client_port();
+    let lost = common::eventually(Duration::from_secs(10), || async move {
+        !tokio::task::spawn_blocking(move || common::etcd::healthy(port))
+            .await
+            .unwrap()
+    })
+    .await;
+    assert!(lost, "the remaining member still reports a leader");
+    stay
+}
+
+/// Issue 17, C1. A release whose delete cannot be confirmed (the leader and another member
+/// paused: no quorum, the remaining member answers "no leader") reports a backend error, never
+/// `NotOwner`, and the key is not forgotten: the backend keeps retrying the delete in the
+/// background, so once the members are back a second backend gets the name within a few
+/// seconds, while another hold ("keep") keeps the shared lease alive. Before the fix the key
+/// stayed on that lease for as long as "keep" was held (the second backend timed out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_delete_is_not_confirmed_is_an_error_and_retried_until_the_key_is_gone() {
+    let mut cluster = start(3).await;
+    let leader = cluster.leader().await.expect("a leader");
+    let stay = (0..3).find(|&i| i != leader).unwrap();
+    // Only the member that stays up: nothing is queued at a paused one.
+    let b = backend_1s(&[cluster.members[stay].endpoint()]).await;
+    let b2 = backend_1s(&cluster.endpoints()).await;
+    let ttl = Duration::from_secs(10);
+    let keep = Lock::new("keep")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    let victim = Lock::new("victim")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(pause_a_majority(&mut cluster).await, stay);
+    let r = victim.release().await;
+    match &r {
+        Err(LockError::Backend { .. }) => {}
+        other => panic!("a release without quorum must be a backend error, got {other:?}"),
+    }
+    for i in (0..3).filter(|&i| i != stay) {
+        cluster.members[i].resume();
+    }
+    let resumed = Instant::now();
+    let g = Lock::new("victim")
+        .with_backend(Arc::new(b2.clone()))
+        .ttl(ttl)
+        .wait(Duration::from_secs(8))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| {
+            panic!("the victim's key was not deleted after the members came back: {e:?}")
+        });
+    assert!(
+        resumed.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        resumed.elapsed()
+    );
+    assert!(keep.is_valid(), "keep was held all along (its lease alive)");
+    g.release().await.unwrap();
+    // Right after the election a release may still time out (a busy box): never NotOwner.
+    if let Err(e) = keep.release().await {
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+        eprintln!("keep's release: {e}");
+    }
+}

@@ -28,13 +28,14 @@
 //! - Every request is bounded by the request timeout and by the lease's ttl.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client as etcd;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
@@ -175,6 +176,7 @@ impl EtcdBackendBuilder {
                 client,
                 driver,
                 holds: Mutex::new(HashMap::new()),
+                deleting: Mutex::new(HashMap::new()),
                 leases: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
                 notifications: AtomicU64::new(0),
@@ -196,16 +198,80 @@ fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Lock
 struct Lease {
     id: i64,
     secs: i64,
-    /// Revoked, not found, or not confirmed within its ttl: its keys are gone or going.
+    /// Revoked, not found, not confirmed within its ttl, or retired (see [`Inner::retire`]):
+    /// no new key goes on it; its keys are gone or going.
     dead: AtomicBool,
-    /// Keys (held or queued) of this backend attached to it.
+    /// The server confirmed it gone (revoked, expired, "lease not found"): so are its keys.
+    ended: AtomicBool,
+    /// Cancelled when the lease is found dead: the lost signal of the holds on it.
+    lost: CancellationToken,
+    /// Keys (held, queued, or being deleted for the first time) of this backend attached to it.
     users: Mutex<usize>,
+    /// Keys whose delete was not confirmed, retried by the reaper. A lease with orphans is
+    /// tainted: no new key goes on it, and once it has no users it is revoked, which ends them.
+    orphans: AtomicUsize,
 }
 
 impl Lease {
+    fn new(id: i64, secs: i64) -> Lease {
+        Lease {
+            id,
+            secs,
+            dead: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            lost: CancellationToken::new(),
+            users: Mutex::new(1),
+            orphans: AtomicUsize::new(0),
+        }
+    }
+
     fn users(&self) -> MutexGuard<'_, usize> {
         self.users.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// No longer usable; the holds on it hear `lost()`.
+    fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+        self.lost.cancel();
+    }
+
+    /// The server said it is gone (so are its keys).
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.kill();
+    }
+
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn usable(&self) -> bool {
+        !self.dead.load(Ordering::Acquire) && self.orphans.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A key being deleted (a released or given-up contender), kept until the server confirms it
+/// gone (deleted, not found, or its lease ended): the to-delete set.
+#[derive(Debug)]
+struct Deleting {
+    name: String,
+    owner: String,
+    lease: Arc<Lease>,
+    /// 0 when its create's outcome is unknown: then it is cancelled with a marker.
+    rev: i64,
+    /// It held the lock when its release began.
+    held: bool,
+    /// Its first delete was not confirmed: it is counted in the lease's `orphans` (no longer in
+    /// `users`), and the reaper retries it with back-off.
+    orphan: bool,
+}
+
+/// What one delete attempt needs of a [`Deleting`].
+struct DeleteJob {
+    name: String,
+    key: String,
+    lease: Arc<Lease>,
+    rev: i64,
 }
 
 #[derive(Debug)]
@@ -236,6 +302,8 @@ struct Inner {
     /// [`Driver`]).
     driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
+    /// Keys being deleted, by key (see [`Deleting`]).
+    deleting: Mutex<HashMap<String, Deleting>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
     waiters: Arc<WaitQueues>,
     notifications: AtomicU64,
@@ -391,21 +459,53 @@ impl Inner {
             .min(ttl.max(Duration::from_millis(100)))
     }
 
-    /// One request, bounded by `bound` in total. A request that found no connection (a member
-    /// is down: connection refused, so nothing was sent) is retried on the client's other
-    /// endpoints within the same bound.
-    async fn call<T, F, Fut>(&self, key: &str, bound: Duration, mut f: F) -> Result<T, LockError>
+    fn deleting(&self) -> MutexGuard<'_, HashMap<String, Deleting>> {
+        self.deleting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One request that is not idempotent, bounded by `bound` in total. Retried (within the
+    /// bound, with a short back-off) only after an error that means it was not applied: no
+    /// connection (nothing sent), or refused before it was proposed ("no leader", "leader
+    /// changed", "too many requests", a dropped proposal). Any other error leaves the outcome
+    /// unknown and is returned (rule 1: never re-send a call that is not idempotent).
+    async fn call<T, F, Fut>(&self, key: &str, bound: Duration, f: F) -> Result<T, LockError>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        self.call_with(key, bound, not_applied, f).await
+    }
+
+    /// One idempotent request (a read, a delete of this backend's own key, a cancel marker,
+    /// a revoke), retried within `bound` after any transient error.
+    async fn call_idem<T, F, Fut>(&self, key: &str, bound: Duration, f: F) -> Result<T, LockError>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        self.call_with(key, bound, transient, f).await
+    }
+
+    async fn call_with<T, F, Fut>(
+        &self,
+        key: &str,
+        bound: Duration,
+        retry: fn(&etcd::Error) -> bool,
+        mut f: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut(etcd::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd::Error>>,
     {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + bound;
+        let mut pause = RETRY_PAUSE;
         loop {
             match tokio::time::timeout_at(deadline, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Ok(Err(e)) if retry(&e) && Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
                 Ok(Err(e)) => return Err(be(key, e)),
                 Err(_) => return Err(be(key, "etcd request timed out")),
@@ -414,10 +514,10 @@ impl Inner {
     }
 
     /// Deletes one of this backend's own lock keys; true when it is gone by this call. A delete
-    /// of a key is idempotent, so unlike [`Inner::call`] it is retried within `bound` after any
-    /// unavailable member or broken transport, also when the request may have been applied (a
-    /// member killed mid-call): a retry that then finds nothing to delete counts as deleted,
-    /// as only this backend writes the key and its lease's end would have made the hold lost.
+    /// of a key is idempotent, so it is retried within `bound` after any transient error, also
+    /// when the request may have been applied (a member killed mid-call): a retry that then
+    /// finds nothing to delete counts as deleted, as only this backend writes the key and its
+    /// lease's end would have made the hold lost.
     async fn delete_own_key(
         &self,
         name: &str,
@@ -427,13 +527,15 @@ impl Inner {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + bound;
         let mut maybe_applied = false;
+        let mut pause = RETRY_PAUSE;
         loop {
             let mut c = self.client.clone();
             match tokio::time::timeout_at(deadline, c.delete(key, None)).await {
                 Ok(Ok(d)) => return Ok(d.deleted() > 0 || maybe_applied),
-                Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
-                    maybe_applied |= !not_sent(&e);
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Ok(Err(e)) if transient(&e) && Instant::now() + pause < deadline => {
+                    maybe_applied |= !not_applied(&e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
                 Ok(Err(e)) => return Err(be(name, e)),
                 Err(_) => return Err(be(name, "etcd request timed out")),
@@ -441,14 +543,198 @@ impl Inner {
         }
     }
 
+    /// One attempt (bounded by the request timeout and the lease's ttl) to make a to-delete
+    /// key gone for good: a delete by key, or for a key whose create's outcome is unknown, the
+    /// cancel-marker transaction. `Ok(deleted_by_this_call)` when the server confirmed it gone.
+    async fn delete_once(&self, j: &DeleteJob) -> Result<bool, LockError> {
+        if j.lease.ended() {
+            return Ok(false);
+        }
+        let bound = self.bound(Duration::from_secs(j.lease.secs as u64));
+        let r = if j.rev == 0 {
+            self.cancel_create(&j.name, &j.key, &j.lease, bound)
+                .await
+                .map(|()| false)
+        } else {
+            self.delete_own_key(&j.name, &j.key, bound).await
+        };
+        match r {
+            Err(e) if lease_gone(&e) => {
+                // Its lease ended: so did the key (and a create not applied yet cannot be).
+                self.lease_ended(&j.lease);
+                Ok(false)
+            }
+            r => r,
+        }
+    }
+
+    fn lease_ended(&self, lease: &Lease) {
+        lease.end();
+        let mut leases = self.leases();
+        if leases
+            .get(&lease.id)
+            .is_some_and(|l| std::ptr::eq(&**l, lease))
+        {
+            leases.remove(&lease.id);
+        }
+    }
+
+    fn delete_job(&self, key: &str) -> Option<DeleteJob> {
+        self.deleting().get(key).map(|d| DeleteJob {
+            name: d.name.clone(),
+            key: key.to_string(),
+            lease: d.lease.clone(),
+            rev: d.rev,
+        })
+    }
+
+    /// Moves a hold (already taken out of `holds`) to the to-delete set; returns its key.
+    fn start_delete(&self, h: Hold, name: &str, owner: &str) -> String {
+        if let Some(w) = &h.watching {
+            w.task.abort();
+        }
+        let held = h.held && !h.lease.dead.load(Ordering::Acquire);
+        self.deleting().insert(
+            h.key.clone(),
+            Deleting {
+                name: name.to_string(),
+                owner: owner.to_string(),
+                lease: h.lease,
+                rev: h.rev,
+                held,
+                orphan: false,
+            },
+        );
+        h.key
+    }
+
+    /// The server confirmed `key` gone: forgets it (its lease loses a user or an orphan) and
+    /// wakes a local waiter of its name. Idempotent.
+    fn finish_delete(&self, key: &str) {
+        let Some(d) = self.deleting().remove(key) else {
+            return;
+        };
+        if d.orphan {
+            d.lease.orphans.fetch_sub(1, Ordering::AcqRel);
+            tracing::info!(key = %d.name, "dlock: an etcd lock key whose delete had failed is gone now");
+        } else {
+            let mut u = d.lease.users();
+            *u = u.saturating_sub(1);
+        }
+        // A waiter of this process that queued behind local waiters without a key of its own
+        // (the lock loop does not barge past them) watches nothing: wake one so it tries,
+        // rather than wait for the holder's ttl.
+        self.waiters.wake_one(&d.name);
+    }
+
+    /// The first delete of `key` was not confirmed: it becomes an orphan (its lease is tainted)
+    /// and the reaper retries it.
+    fn make_orphan(&self, key: &str) {
+        let lease = {
+            let mut del = self.deleting();
+            let Some(d) = del.get_mut(key).filter(|d| !d.orphan) else {
+                return;
+            };
+            d.orphan = true;
+            // Counted as an orphan before it stops counting as a user: the lease never looks
+            // unused meanwhile.
+            d.lease.orphans.fetch_add(1, Ordering::AcqRel);
+            d.lease.clone()
+        };
+        {
+            let mut u = lease.users();
+            *u = u.saturating_sub(1);
+        }
+        tracing::warn!(
+            lease = lease.id,
+            "dlock: deleting an etcd lock key was not confirmed; retrying in the background"
+        );
+        self.driver
+            .handle
+            .spawn(reap(self.this.clone(), key.to_string()));
+    }
+
+    /// Deletes the to-delete `key` on the driver thread, after `delay` when given: a caller that
+    /// stops waiting (a dropped future, a runtime shutting down) does not stop it. One attempt;
+    /// when it is not confirmed the key goes to the reaper and the error is returned.
+    fn delete_on_driver(
+        self: &Arc<Self>,
+        key: String,
+        delay: Option<Duration>,
+    ) -> tokio::task::JoinHandle<Result<bool, LockError>> {
+        let me = Arc::clone(self);
+        self.driver.handle.spawn(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            let Some(job) = me.delete_job(&key) else {
+                return Ok(false);
+            };
+            match me.delete_once(&job).await {
+                Ok(by_us) => {
+                    me.finish_delete(&key);
+                    Ok(by_us)
+                }
+                Err(e) => {
+                    me.make_orphan(&key);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    /// The last resort for an orphan that cannot be deleted: once its (tainted) lease has no
+    /// users left, retire it (no keep-alive any more, so the server ends it within its ttl
+    /// whatever happens) and revoke it, which ends the orphan now. True when the server
+    /// confirmed the lease gone.
+    async fn revoke_if_unused(&self, name: &str, lease: &Lease) -> bool {
+        if lease.ended() {
+            return true;
+        }
+        if !self.retire(lease) {
+            return false;
+        }
+        let id = lease.id;
+        let bound = self.bound(Duration::from_secs(lease.secs as u64));
+        match self
+            .call_idem(name, bound, |mut c| async move { c.lease_revoke(id).await })
+            .await
+        {
+            Ok(_) => {
+                self.lease_ended(lease);
+                true
+            }
+            Err(e) if lease_gone(&e) => {
+                self.lease_ended(lease);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Marks a lease without users dead (under the map lock, so no acquire picks it up
+    /// meanwhile) and stops its keep-alive. False when it still has users.
+    fn retire(&self, lease: &Lease) -> bool {
+        let mut leases = self.leases();
+        if *lease.users() > 0 {
+            return false;
+        }
+        lease.kill();
+        if leases
+            .get(&lease.id)
+            .is_some_and(|l| std::ptr::eq(&**l, lease))
+        {
+            leases.remove(&lease.id);
+        }
+        true
+    }
+
     /// A live lease for `secs`, granted when there is none; its user count is incremented.
     async fn lease_for(self: &Arc<Self>, name: &str, secs: i64) -> Result<Arc<Lease>, LockError> {
         {
             let leases = self.leases();
-            if let Some(l) = leases
-                .values()
-                .find(|l| l.secs == secs && !l.dead.load(Ordering::Acquire))
-            {
+            // Not a tainted one (with an orphan it could not delete): it is to be revoked.
+            if let Some(l) = leases.values().find(|l| l.secs == secs && l.usable()) {
                 *l.users() += 1;
                 return Ok(l.clone());
             }
@@ -459,12 +745,7 @@ impl Inner {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        let lease = Arc::new(Lease {
-            id: r.id(),
-            secs,
-            dead: AtomicBool::new(false),
-            users: Mutex::new(1),
-        });
+        let lease = Arc::new(Lease::new(r.id(), secs));
         self.leases().insert(lease.id, lease.clone());
         let me = Arc::downgrade(self);
         self.driver
@@ -560,7 +841,7 @@ impl Inner {
             other => {
                 if other.is_some() {
                     // A key of a dead lease (or one whose create was never confirmed).
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                 }
                 let lease = self.lease_for(name, lease_secs(ttl)).await?;
                 let mut uid = [0u8; 8];
@@ -587,7 +868,7 @@ impl Inner {
                 let txn = Txn::new()
                     .when([
                         Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                        // Not given up already (see `delete_unconfirmed`).
+                        // Not given up already (see `cancel_create`).
                         Compare::create_revision(self.cancel_marker(&key), CompareOp::Equal, 0),
                     ])
                     .and_then([
@@ -616,19 +897,18 @@ impl Inner {
                 {
                     Ok(r) if r.succeeded() => r,
                     Ok(_) => {
-                        self.abandon(&hk, bound).await;
+                        self.abandon(&hk).await;
                         return Err(be(name, "etcd lock key already existed"));
                     }
                     Err(e) => {
-                        if e.to_string().contains("lease not found") {
+                        if lease_gone(&e) {
                             // Expired or revoked (its keep-alive task may have stopped with the
                             // runtime that ran it): the next try grants a new one.
-                            lease.dead.store(true, Ordering::Release);
-                            self.leases().remove(&lease.id);
+                            self.lease_ended(&lease);
                         }
                         // The reply may be lost after the server created the key: delete it
                         // by its name (no orphan).
-                        self.abandon(&hk, bound).await;
+                        self.abandon(&hk).await;
                         return Err(e);
                     }
                 };
@@ -639,7 +919,7 @@ impl Inner {
                     .find(|kv| kv.key() == key.as_bytes())
                     .map(|kv| kv.create_revision())
                 else {
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Err(be(name, "etcd lock key missing right after its create"));
                 };
                 let pred = kvs
@@ -655,7 +935,7 @@ impl Inner {
                     // TryLock, take the key back now rather than leave it queued until the
                     // give-up runs, so that it never becomes the holder of a name whose
                     // contender has already left.
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Ok(Acquired::Busy { remaining: None });
                 }
                 let hr = r.header().map_or(rev, |h| h.revision());
@@ -727,7 +1007,7 @@ impl Inner {
                 Ok(v) => v,
                 Err(e) => {
                     // Not left queued under an owner id the caller is about to drop.
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Err(e);
                 }
             };
@@ -760,31 +1040,17 @@ impl Inner {
         Ok(Acquired::Busy { remaining: None })
     }
 
-    /// Deletes a contender's key and forgets it (best effort, bounded).
-    async fn abandon(&self, hk: &(String, String), bound: Duration) {
-        // The hold is forgotten only after the delete: a caller dropped meanwhile leaves it to
-        // the give-up's `release`, which deletes the key then (no orphan).
-        let Some((key, rev, lease)) = self
-            .holds()
-            .get(hk)
-            .map(|h| (h.key.clone(), h.rev, h.lease.clone()))
-        else {
+    /// Gives up a contender's key: moves it to the to-delete set and deletes it on the driver
+    /// thread (see [`Inner::delete_on_driver`]); a delete that is not confirmed goes on in the
+    /// reaper, so the key is never forgotten while it may still be on the server. A caller
+    /// dropped meanwhile does not stop the delete, and a later `release` of the same owner
+    /// answers from the to-delete set.
+    async fn abandon(self: &Arc<Self>, hk: &(String, String)) {
+        let Some(h) = self.holds().remove(hk) else {
             return;
         };
-        if rev == 0 {
-            self.delete_unconfirmed(&hk.0, &key, &lease, bound).await;
-        } else {
-            let _ = self
-                .call(&hk.0, bound, |mut c| {
-                    let k = key.clone();
-                    async move { c.delete(k, None).await }
-                })
-                .await;
-        }
-        let h = self.holds().remove(hk);
-        if let Some(h) = h {
-            self.forget(&h);
-        }
+        let key = self.start_delete(h, &hk.0, &hk.1);
+        let _ = self.delete_on_driver(key, None).await;
     }
 
     /// The key under which a given-up create is marked (outside every name's range: escaped
@@ -798,46 +1064,73 @@ impl Inner {
     /// future, a timeout). The create may still be applied after a plain delete, leaving an
     /// orphan that its lease (kept alive for other keys) would never end. So one transaction
     /// writes a cancel marker, which the create compares against, and deletes the key: after it,
-    /// the key is gone and cannot appear. The marker is deleted a while later (or goes with the
-    /// lease).
-    async fn delete_unconfirmed(&self, name: &str, key: &str, lease: &Lease, bound: Duration) {
-        if lease.dead.load(Ordering::Acquire) {
-            // A put under a dead lease fails: the create cannot succeed any more.
-            let _ = self
-                .call(name, bound, |mut c| {
-                    let k = key.to_string();
-                    async move { c.delete(k, None).await }
-                })
-                .await;
-            return;
-        }
+    /// the key is gone and cannot appear. The marker stays until its lease ends (a create can
+    /// arrive late for as long as its lease lives); the transaction is idempotent, so it is
+    /// retried after any transient error, and by the reaper after that.
+    async fn cancel_create(
+        &self,
+        name: &str,
+        key: &str,
+        lease: &Lease,
+        bound: Duration,
+    ) -> Result<(), LockError> {
         let marker = self.cancel_marker(key);
         let txn = Txn::new().and_then([
-            TxnOp::put(
-                marker.clone(),
-                "",
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
+            TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease.id))),
             TxnOp::delete(key.to_string(), None),
         ]);
-        let r = self
-            .call(name, bound, |mut c| {
-                let t = txn.clone();
-                async move { c.txn(t).await }
-            })
-            .await;
-        if r.is_err() {
-            return;
-        }
-        let linger = self.cfg.request_timeout;
-        let c = self.client.clone();
-        self.driver.handle.spawn(async move {
-            tokio::time::sleep(linger).await;
-            let mut c = c;
-            let _ = tokio::time::timeout(linger, c.delete(marker, None)).await;
-        });
+        self.call_idem(name, bound, |mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+        .map(|_| ())
     }
 
+    /// A release by an owner that has no hold any more: its key may be in the to-delete set
+    /// (an earlier release or give-up whose delete was not confirmed). Then one more attempt:
+    /// confirmed, it is `Freed` (or `NotOwner` for a key that did not hold); not confirmed, an
+    /// error (never `NotOwner`: rule 3). Nothing of this owner's: `NotOwner`.
+    async fn release_again(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+    ) -> Result<Released, LockError> {
+        let found = self
+            .deleting()
+            .iter()
+            .find(|(_, d)| d.name == name && d.owner == owner)
+            .map(|(k, d)| (k.clone(), d.orphan, d.held));
+        let Some((key, orphan, held)) = found else {
+            return Ok(Released::NotOwner);
+        };
+        if !orphan {
+            return Err(be(
+                name,
+                "etcd: the delete of this lock key is still in flight",
+            ));
+        }
+        let me = Arc::clone(self);
+        let attempt = self.driver.handle.spawn(async move {
+            let Some(job) = me.delete_job(&key) else {
+                return Ok(());
+            };
+            me.delete_once(&job).await?;
+            me.finish_delete(&key);
+            Ok(())
+        });
+        match attempt.await {
+            Ok(Ok(())) if held => Ok(Released::Freed),
+            Ok(Ok(())) => Ok(Released::NotOwner),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(be(name, e)),
+        }
+    }
+
+    /// Gives back `owner`'s hold. The key goes to the to-delete set and is deleted on the
+    /// driver thread (a caller's runtime that shuts down cannot cut the delete off); it is
+    /// forgotten only once the server confirmed it gone. A delete that is not confirmed is an
+    /// error (the reaper goes on with it), never `NotOwner`.
     async fn release(
         self: &Arc<Self>,
         name: &str,
@@ -848,63 +1141,30 @@ impl Inner {
         let hk = (name.to_string(), owner.to_string());
         let h = {
             let mut holds = self.holds();
-            let Some(h) = holds.get_mut(&hk) else {
-                return Ok(Released::NotOwner);
-            };
-            if h.held && h.count > 1 && !all {
-                h.count -= 1;
-                return Ok(Released::Decremented(h.count));
-            }
-            holds.remove(&hk).expect("present")
-        };
-        if let Some(w) = &h.watching {
-            w.task.abort();
-        }
-        let bound = self.bound(Duration::from_secs(h.lease.secs as u64));
-        let me = Arc::clone(self);
-        let key = h.key.clone();
-        let held = h.held && !h.lease.dead.load(Ordering::Acquire);
-        let lease = h.lease.clone();
-        let name_s = name.to_string();
-        let delete = async move {
-            let r = me.delete_own_key(&name_s, &key, bound).await;
-            {
-                let mut u = lease.users();
-                *u = u.saturating_sub(1);
-            }
-            // A waiter of this process that queued behind local waiters without a key of its
-            // own (the lock loop does not barge past them) watches nothing: wake one so it
-            // tries, rather than wait for the holder's ttl.
-            me.waiters.wake_one(&name_s);
-            r
-        };
-        if !held {
-            if h.rev == 0 {
-                self.delete_unconfirmed(name, &h.key, &h.lease, bound).await;
-                {
-                    let mut u = h.lease.users();
-                    *u = u.saturating_sub(1);
+            match holds.get_mut(&hk) {
+                None => None,
+                Some(h) if h.held && h.count > 1 && !all => {
+                    h.count -= 1;
+                    return Ok(Released::Decremented(h.count));
                 }
-                self.waiters.wake_one(name);
-            } else {
-                let _ = delete.await;
+                Some(_) => holds.remove(&hk),
             }
-            return Ok(Released::NotOwner);
+        };
+        let Some(h) = h else {
+            return self.release_again(name, owner).await;
+        };
+        let key = self.start_delete(h, name, owner);
+        let held = self.deleting().get(&key).is_some_and(|d| d.held);
+        if let Some(k) = keep_for.filter(|k| held && !k.is_zero()) {
+            // Stays taken for `k` (its lease kept alive meanwhile: it still counts as a user).
+            let _ = self.delete_on_driver(key, Some(k));
+            return Ok(Released::Freed);
         }
-        match keep_for {
-            Some(k) if !k.is_zero() => {
-                self.driver.handle.spawn(async move {
-                    tokio::time::sleep(k).await;
-                    if let Err(e) = delete.await {
-                        tracing::warn!(error = %e, "dlock: deleting an etcd lock key after keep_for failed; its lease ends it");
-                    }
-                });
-                Ok(Released::Freed)
-            }
-            _ => match delete.await? {
-                true => Ok(Released::Freed),
-                false => Ok(Released::NotOwner),
-            },
+        match self.delete_on_driver(key, None).await {
+            Ok(Ok(true)) if held => Ok(Released::Freed),
+            Ok(Ok(_)) => Ok(Released::NotOwner),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(be(name, e)),
         }
     }
 
@@ -936,10 +1196,10 @@ impl Inner {
             async move { c.get(k, None).await }
         });
         let (k, g) = tokio::join!(keep, get);
-        if let Err(LockError::Backend { source, .. }) = &k
-            && source.to_string().contains("lease not found")
+        if let Err(e) = &k
+            && lease_gone(e)
         {
-            lease.dead.store(true, Ordering::Release);
+            self.lease_ended(&lease);
             return Ok(Extended::Lost);
         }
         k?;
@@ -1003,20 +1263,16 @@ impl Inner {
     }
 }
 
-/// Pause before retrying a request that could not be sent.
+/// First pause before retrying a request (doubled up to [`RETRY_PAUSE_MAX`]).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
+
+/// The reaper's back-off: first retry after 50 ms, doubling up to 1 s.
+const REAP_FIRST: Duration = Duration::from_millis(50);
+const REAP_MAX: Duration = Duration::from_secs(1);
 
 /// True for an error that means the request never reached a server (no connection to the
 /// endpoint it was routed to), so sending it again is safe.
-/// A member that is down or a broken transport: the request may or may not have been applied.
-fn unavailable(e: &etcd::Error) -> bool {
-    match e {
-        etcd::Error::GRpcStatus(s) => i32::from(s.code()) == 14, // UNAVAILABLE
-        etcd::Error::TransportError(_) => true,
-        _ => false,
-    }
-}
-
 fn not_sent(e: &etcd::Error) -> bool {
     match e {
         etcd::Error::GRpcStatus(s) => {
@@ -1025,6 +1281,72 @@ fn not_sent(e: &etcd::Error) -> bool {
         }
         etcd::Error::TransportError(_) => true,
         _ => false,
+    }
+}
+
+/// True for an error after which the request is known not to have been applied: not sent, or
+/// refused by the server before it was proposed to the cluster.
+fn not_applied(e: &etcd::Error) -> bool {
+    if not_sent(e) {
+        return true;
+    }
+    match e {
+        etcd::Error::GRpcStatus(s) => [
+            "etcdserver: no leader",
+            "etcdserver: leader changed",
+            "etcdserver: too many requests",
+            "etcdserver: not capable",
+            "raft proposal dropped",
+        ]
+        .iter()
+        .any(|m| s.message().contains(m)),
+        _ => false,
+    }
+}
+
+/// True for an error worth retrying for an idempotent request: the transport, a member that is
+/// down or without a leader, a server-side timeout (outcome unknown).
+fn transient(e: &etcd::Error) -> bool {
+    if not_applied(e) {
+        return true;
+    }
+    match e {
+        // CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL,
+        // UNAVAILABLE (not NOT_FOUND: "lease not found" is an answer).
+        etcd::Error::GRpcStatus(s) => [1, 2, 4, 8, 10, 13, 14].contains(&i32::from(s.code())),
+        etcd::Error::TransportError(_) | etcd::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// The server's answer that a lease is gone (revoked or expired), so are its keys.
+fn lease_gone(e: &LockError) -> bool {
+    matches!(e, LockError::Backend { source, .. } if source.to_string().contains("lease not found"))
+}
+
+/// The reaper of one orphan key (its first delete was not confirmed): retries the delete with
+/// back-off (50 ms doubling to 1 s) until the server confirms it gone or its lease ended. After
+/// each failure, the last resort: once the lease has no users left, revoke it. Holds only a weak
+/// reference: a dropped backend stops keeping its leases alive, which ends them.
+async fn reap(me: std::sync::Weak<Inner>, key: String) {
+    let mut backoff = REAP_FIRST;
+    loop {
+        tokio::time::sleep(backoff).await;
+        let Some(me) = me.upgrade() else {
+            return;
+        };
+        let Some(job) = me.delete_job(&key) else {
+            return;
+        };
+        let confirmed = match me.delete_once(&job).await {
+            Ok(_) => true,
+            Err(_) => me.revoke_if_unused(&job.name, &job.lease).await,
+        };
+        if confirmed {
+            me.finish_delete(&key);
+            return;
+        }
+        backoff = (backoff * 2).min(REAP_MAX);
     }
 }
 
@@ -1070,9 +1392,14 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
     let mut confirmed_until = granted + ttl;
     let mut idle_since: Option<Instant> = None;
     let mut keeper: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
-    let mark_dead = |me: &Inner| {
-        lease.dead.store(true, Ordering::Release);
-        me.leases().remove(&lease.id);
+    // `ended`: the server said so (its keys are gone too); otherwise not confirmed in time.
+    let mark_dead = |me: &Inner, ended: bool| {
+        if ended {
+            me.lease_ended(&lease);
+        } else {
+            lease.kill();
+            me.leases().remove(&lease.id);
+        }
         tracing::warn!(
             lease = lease.id,
             "dlock: etcd lease lost; its locks are lost"
@@ -1090,14 +1417,20 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
         let revoke = {
             let mut leases = me.leases();
             let users = *lease.users();
-            if users == 0 {
+            if users == 0 && lease.orphans.load(Ordering::Acquire) > 0 {
+                // Tainted and unused: retired (no more keep-alives, so the server ends it
+                // within its ttl); the reaper revokes it, which ends its orphans at once.
+                leases.remove(&lease.id);
+                lease.kill();
+                return;
+            } else if users == 0 {
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 // Unused for one ttl: give it back (under the map lock, so no acquire picks it
                 // up meanwhile).
                 let idle = since.elapsed() >= ttl;
                 if idle {
                     leases.remove(&lease.id);
-                    lease.dead.store(true, Ordering::Release);
+                    lease.kill();
                 }
                 idle
             } else {
@@ -1133,17 +1466,17 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
         match r {
             Ok(Ok(t)) if t > 0 => confirmed_until = sent + ttl,
             Ok(Ok(_)) => {
-                mark_dead(&me);
+                mark_dead(&me, true);
                 return;
             }
             Ok(Err(e)) if e.to_string().contains("lease not found") => {
-                mark_dead(&me);
+                mark_dead(&me, true);
                 return;
             }
             Ok(Err(_)) | Err(_) => keeper = None,
         }
         if Instant::now() >= confirmed_until {
-            mark_dead(&me);
+            mark_dead(&me, false);
             return;
         }
     }
