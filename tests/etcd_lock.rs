@@ -1082,3 +1082,61 @@ async fn a_release_whose_delete_is_not_confirmed_is_an_error_and_retried_until_t
         eprintln!("keep's release: {e}");
     }
 }
+
+/// Issue 17, m3. A try whose reply is lost after the server created its key (the proxy drops
+/// replies), then a give-up while the server cannot be reached (the proxy drops everything):
+/// the cancel-marker transaction fails, the release is an error (not `NotOwner`), and the
+/// backend retries the cancel until it is answered, so the created key does not stay queued on
+/// the shared lease (kept alive by "keep"). Before the fix the failed marker transaction was
+/// given up at once and the key was forgotten: a second backend timed out on the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_of_a_lost_create_that_fails_is_retried_until_the_key_is_gone() {
+    use common::proxy::{Mode, Proxy};
+    use dlock::Backend as _;
+    let cluster = start(1).await;
+    let proxy = Proxy::start(cluster.members[0].client_port());
+    let b = backend_1s(&[format!("127.0.0.1:{}", proxy.port())]).await;
+    let b2 = backend_1s(&cluster.endpoints()).await;
+    let ttl = Duration::from_secs(10);
+    let keep = Lock::new("keep")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_mode(Mode::DropReplies);
+    let owner = "m3-owner-1";
+    let t = tokio::time::timeout(
+        Duration::from_millis(500),
+        b.try_acquire("victim", owner, ttl),
+    )
+    .await;
+    assert!(t.is_err(), "the reply was dropped: {t:?}");
+    let mut c = admin(&cluster).await;
+    let created = c
+        .get(
+            b.lock_prefix("victim"),
+            Some(dlock::etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(created.kvs().len(), 1, "the create was applied");
+    proxy.set_mode(Mode::Blackhole);
+    let r = b.release("victim", owner, None, true).await;
+    assert!(
+        matches!(r, Err(LockError::Backend { .. })),
+        "a give-up the server did not answer must be an error: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.set_mode(Mode::Pass);
+    let g = Lock::new("victim")
+        .with_backend(Arc::new(b2.clone()))
+        .ttl(ttl)
+        .wait(Duration::from_secs(6))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("the lost create's key was left behind: {e:?}"));
+    assert!(keep.is_valid(), "keep was held all along (its lease alive)");
+    g.release().await.unwrap();
+    let _ = keep.release().await;
+}
