@@ -1140,3 +1140,42 @@ async fn a_cancel_of_a_lost_create_that_fails_is_retried_until_the_key_is_gone()
     g.release().await.unwrap();
     let _ = keep.release().await;
 }
+
+/// Issue 17, m7. An operator revokes the lease under a hold (ttl 9 s: the watchdog renews
+/// every 3 s, the background keep-alive runs every 3 s): the guard hears `lost()` at once,
+/// through the lease's sentinel watch, not at the next renewal. Before the fix it fired only at
+/// the next renewal (about 3 s after the grant).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_revoked_from_outside_fires_lost_at_once() {
+    let cluster = start(1).await;
+    let b = etcd_backend(&cluster).await;
+    let g = Lock::new("revoked")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(Duration::from_secs(9))
+        .acquire()
+        .await
+        .unwrap();
+    // The sentinel watch is set up in the background right after the lease's grant.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (lease, _) = holder_lease(&cluster, &b, "revoked").await;
+    let mut c = admin(&cluster).await;
+    c.lease_revoke(lease).await.unwrap();
+    let revoked = Instant::now();
+    let reason = tokio::time::timeout(Duration::from_secs(6), g.lost())
+        .await
+        .expect("lost() after the revoke");
+    let took = revoked.elapsed();
+    assert_eq!(reason, dlock::LostReason::NotOwner);
+    assert!(
+        took < Duration::from_millis(1000),
+        "lost() fired {took:?} after the revoke (the next renewal is up to 3 s away)"
+    );
+    assert!(!g.is_valid());
+    // The next acquire of this backend gets a new lease at once.
+    let g2 = Lock::new("revoked")
+        .with_backend(Arc::new(b.clone()))
+        .acquire()
+        .await
+        .unwrap();
+    g2.release().await.unwrap();
+}

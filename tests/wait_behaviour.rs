@@ -432,14 +432,8 @@ async fn assert_no_leftovers(env: &Env, client: &Arc<dyn dlock::Backend>) {
         Kind::Etcd => {
             // No contender key left (deleted by the give-up, not left to its lease). The
             // give-ups' cancel markers stay until their lease ends (issue 17, m3: a create can
-            // arrive late for as long as its lease lives), so they are not counted here.
-            let contenders = || async {
-                common::etcd::keys_under_root(&env.etcd_env().cluster)
-                    .await
-                    .into_iter()
-                    .filter(|k| !k.starts_with("/dlock/.cancelled/"))
-                    .collect::<Vec<_>>()
-            };
+            // arrive late for as long as its lease lives): `keys_under_root` skips them.
+            let contenders = || common::etcd::keys_under_root(&env.etcd_env().cluster);
             let gone = common::eventually(Duration::from_secs(5), || async {
                 contenders().await.is_empty()
             })

@@ -750,7 +750,8 @@ impl Inner {
         let me = Arc::downgrade(self);
         self.driver
             .handle
-            .spawn(keep_alive(me, lease.clone(), Instant::now()));
+            .spawn(keep_alive(me.clone(), lease.clone(), Instant::now()));
+        self.driver.handle.spawn(watch_lease(me, lease.clone()));
         Ok(lease)
     }
 
@@ -1051,6 +1052,12 @@ impl Inner {
         };
         let key = self.start_delete(h, &hk.0, &hk.1);
         let _ = self.delete_on_driver(key, None).await;
+    }
+
+    /// The sentinel key of a lease (`<prefix>/.leases/<id hex>`, on that lease): the server
+    /// deletes it when the lease ends, which [`watch_lease`] hears at once.
+    fn lease_sentinel(&self, id: i64) -> String {
+        format!("{}/.leases/{id:016x}", self.cfg.prefix)
     }
 
     /// The key under which a given-up create is marked (outside every name's range: escaped
@@ -1384,6 +1391,109 @@ async fn watch_predecessor(
     }
 }
 
+/// Puts the lease's sentinel key (see [`Inner::lease_sentinel`]) and watches it from right
+/// after the put. Its delete means the lease may have ended (revoked by an operator, expired):
+/// one `TimeToLive` read confirms it, and the lease is then ended here at once, so its holds
+/// hear `lost()` without waiting for the next renewal. Ends with the lease (or the backend).
+/// Best effort: without it, the keep-alive task and the renewals still find a dead lease.
+async fn watch_lease(me: std::sync::Weak<Inner>, lease: Arc<Lease>) {
+    let (key, client, bound) = {
+        let Some(me) = me.upgrade() else {
+            return;
+        };
+        let b = me.bound(Duration::from_secs(lease.secs as u64));
+        (me.lease_sentinel(lease.id), me.client.clone(), b)
+    };
+    let mut c = client.clone();
+    let put = tokio::time::timeout(
+        bound,
+        c.put(
+            key.clone(),
+            "",
+            Some(PutOptions::new().with_lease(lease.id)),
+        ),
+    )
+    .await;
+    let mut from = match put {
+        Ok(Ok(r)) => r.header().map_or(0, |h| h.revision()) + 1,
+        Ok(Err(e)) if e.to_string().contains("lease not found") => {
+            if let Some(me) = me.upgrade() {
+                me.lease_ended(&lease);
+            }
+            return;
+        }
+        _ => return,
+    };
+    let mut pause = REAP_FIRST;
+    loop {
+        let ended = tokio::select! {
+            _ = lease.lost.cancelled() => return,
+            r = sentinel_deleted(client.clone(), &key, &mut from, lease.id) => r,
+        };
+        match ended {
+            Some(true) => {
+                if let Some(me) = me.upgrade() {
+                    me.lease_ended(&lease);
+                    tracing::warn!(
+                        lease = lease.id,
+                        "dlock: etcd lease ended (revoked or expired); its locks are lost"
+                    );
+                }
+                return;
+            }
+            // Deleted, but the lease lives (an operator deleted the sentinel): no signal.
+            Some(false) => return,
+            // The watch broke (a member down or without a leader): watch again.
+            None => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(REAP_MAX);
+            }
+        }
+    }
+}
+
+/// Watches `key` from revision `from` until it is deleted: `Some(lease ended)` then (one
+/// `TimeToLive` read), `None` when the watch ended first. A compacted start revision moves
+/// `from` to the compaction point and answers from a read of the lease.
+async fn sentinel_deleted(mut c: etcd::Client, key: &str, from: &mut i64, id: i64) -> Option<bool> {
+    let opts = etcd::WatchOptions::new()
+        .with_start_revision(*from)
+        .with_filters([etcd::WatchFilterType::NoPut]);
+    let mut stream = c.watch(key, Some(opts)).await.ok()?;
+    let mut deleted = false;
+    while let Ok(Some(resp)) = stream.message().await {
+        if resp.compact_revision() > 0 {
+            // The delete may be in the compacted past: ask the lease itself, then watch on
+            // from the compaction point.
+            *from = resp.compact_revision();
+            return match c.lease_time_to_live(id, None).await {
+                Ok(r) if r.ttl() <= -1 => Some(true),
+                Err(e) if e.to_string().contains("lease not found") => Some(true),
+                _ => None,
+            };
+        }
+        if resp.canceled() {
+            return None;
+        }
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == etcd::EventType::Delete)
+        {
+            deleted = true;
+            break;
+        }
+    }
+    if !deleted {
+        return None;
+    }
+    match c.lease_time_to_live(id, None).await {
+        Ok(r) => Some(r.ttl() <= -1),
+        Err(e) if e.to_string().contains("lease not found") => Some(true),
+        Err(_) => None,
+    }
+}
+
 /// Keeps `lease` alive every third of its ttl while this backend lives and the lease has users;
 /// revokes it after one ttl without users. Marks it dead when the server says it is gone or no
 /// keep-alive was confirmed within its ttl.
@@ -1528,5 +1638,35 @@ impl Backend for EtcdBackend {
     /// hold's ttl.
     fn lease_expires_by_ttl(&self) -> bool {
         false
+    }
+
+    /// Fires when the lease under the hold is found dead: the server said so (a keep-alive, a
+    /// renewal, the lease's sentinel watch: revoked or expired), or no keep-alive was confirmed
+    /// within its ttl. A hold moved to a longer lease (a renewal with a longer ttl) follows it.
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let hk = (name.to_string(), owner.to_string());
+        let first = self
+            .inner
+            .holds()
+            .get(&hk)
+            .filter(|h| h.held)
+            .map(|h| h.lease.lost.clone())?;
+        let me = Arc::downgrade(&self.inner);
+        Some(Box::pin(async move {
+            let mut token = first;
+            loop {
+                token.cancelled().await;
+                let now = me
+                    .upgrade()
+                    .and_then(|me| me.holds().get(&hk).map(|h| h.lease.lost.clone()));
+                match now {
+                    // Still on a lease that ended.
+                    Some(t) if t.is_cancelled() => return,
+                    Some(t) => token = t,
+                    // Released (the guard no longer listens) or the backend is gone.
+                    None => return std::future::pending().await,
+                }
+            }
+        }))
     }
 }
