@@ -1179,3 +1179,132 @@ async fn a_lease_revoked_from_outside_fires_lost_at_once() {
         .unwrap();
     g2.release().await.unwrap();
 }
+
+/// Issue 17, M1/M5 (backend side). A release polled once on a current-thread runtime that is
+/// then shut down (the future dropped unfinished) still deletes the key: its work runs on the
+/// backend's driver thread, not on the caller's runtime. A second backend gets the name at once.
+/// Five rounds: before the fix the delete request sometimes escaped before the drop.
+#[test]
+fn a_release_cut_off_by_its_runtime_shutting_down_still_deletes_the_key() {
+    use dlock::Backend as _;
+    let cluster = EtcdCluster::single();
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (b, b2) =
+        main.block_on(async { (etcd_backend(&cluster).await, etcd_backend(&cluster).await) });
+    for round in 0..5 {
+        let name = format!("cut-{round}");
+        let owner = format!("cut-owner-{round}");
+        main.block_on(async {
+            let r = b
+                .try_acquire(&name, &owner, Duration::from_secs(10))
+                .await
+                .unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        });
+        let (bb, n, o) = (b.clone(), name.clone(), owner.clone());
+        std::thread::spawn(move || {
+            let ra = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            ra.block_on(async {
+                let mut f = bb.release(&n, &o, None, true);
+                std::future::poll_fn(|cx| {
+                    let _ = f.as_mut().poll(cx);
+                    std::task::Poll::Ready(())
+                })
+                .await;
+            });
+            drop(ra);
+        })
+        .join()
+        .unwrap();
+        main.block_on(async {
+            let t = Instant::now();
+            let g = Lock::new(&name)
+                .with_backend(Arc::new(b2.clone()))
+                .wait(Duration::from_secs(5))
+                .acquire()
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("round {round}: the cut-off release left the key: {e:?}")
+                });
+            assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+            g.release().await.unwrap();
+        });
+    }
+}
+
+/// Issue 17, M1. A waiter on a current-thread runtime that is shut down mid-wait (its future
+/// dropped while its key is queued behind the holder's): once the holder releases, another
+/// backend gets the name within a few seconds (the waiter's key must not become the holder).
+/// The backend side is ready (its `release` runs on the driver thread, from any runtime or
+/// thread); what is missing is the core's give-back of the wait when the waiter's runtime
+/// shuts down (`spawn_release` on a closed runtime never runs).
+#[test]
+#[ignore = "needs the core's give-back on runtime shutdown (lead)"]
+fn a_waiter_whose_runtime_shuts_down_mid_wait_leaves_no_key_to_block_the_name() {
+    let cluster = Arc::new(EtcdCluster::single());
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (b, b2, holder) = main.block_on(async {
+        let b = etcd_backend(&cluster).await;
+        let b2 = etcd_backend(&cluster).await;
+        let holder = Lock::new("m1")
+            .with_backend(Arc::new(b.clone()))
+            .acquire()
+            .await
+            .unwrap();
+        (b, b2, holder)
+    });
+    let bw = b.clone();
+    let cl = cluster.clone();
+    std::thread::spawn(move || {
+        let ra = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        ra.spawn(async move {
+            let _ = Lock::new("m1")
+                .with_backend(Arc::new(bw))
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await;
+        });
+        ra.block_on(async {
+            let queued = common::eventually(Duration::from_secs(10), || async {
+                common::etcd::keys_under_root(&cl).await.len() == 2
+            })
+            .await;
+            assert!(queued, "the waiter's key is queued");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        });
+        drop(ra);
+    })
+    .join()
+    .unwrap();
+    main.block_on(async {
+        holder.release().await.unwrap();
+        let t = Instant::now();
+        let r = Lock::new("m1")
+            .with_backend(Arc::new(b2))
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await;
+        let g = r.unwrap_or_else(|e| {
+            panic!(
+                "the dropped waiter's key blocks the name after {:?}: {e:?}",
+                t.elapsed()
+            )
+        });
+        g.release().await.unwrap();
+    });
+    drop(b);
+}
