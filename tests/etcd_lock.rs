@@ -1308,3 +1308,57 @@ fn a_waiter_whose_runtime_shuts_down_mid_wait_leaves_no_key_to_block_the_name() 
     });
     drop(b);
 }
+
+/// Issue 17, M2. A key put under an existing shared lease does not renew it: the lease may end
+/// a third of its ttl before `grant + ttl`. Holder A (through a proxy) keeps a 6-s lease with
+/// "pin" (watchdog off: only the background keep-alive renews it, every 2 s), takes "x" just
+/// before a background renewal is due (the lease's last renewal 1.9 s old), then the proxy
+/// drops everything. When B (direct) gets "x" after the lease ended on the server, A's guard
+/// must already be invalid: its deadline must not outlive the lease. Before the fix A's guard
+/// was still valid for about 1.9 s after B's grant (two valid holders).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_guard_deadline_never_outlives_the_shared_lease_on_the_server() {
+    use common::proxy::{Mode, Proxy};
+    let cluster = start(1).await;
+    let proxy = Proxy::start(cluster.members[0].client_port());
+    // Request timeout 2 s: the background keep-alive (every 2 s, each bounded by 2 s) then
+    // finds the lease unconfirmed only at about grant + 8 s.
+    let a = dlock::EtcdBackend::builder(&[format!("127.0.0.1:{}", proxy.port())])
+        .request_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let b = backend_1s(&cluster.endpoints()).await;
+    let ttl = Duration::from_secs(6);
+    let _pin = Lock::new("pin")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(ttl)
+        .watchdog(false)
+        .acquire()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1900)).await;
+    let g = Lock::new("x")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(ttl)
+        .acquire()
+        .await
+        .unwrap();
+    proxy.set_mode(Mode::Blackhole);
+    let acquired = Instant::now();
+    let gb = Lock::new("x")
+        .with_backend(Arc::new(b.clone()))
+        .ttl(ttl)
+        .wait(Duration::from_secs(15))
+        .acquire()
+        .await
+        .expect("B gets x once A's lease ended");
+    let tb = acquired.elapsed();
+    assert!(
+        !g.is_valid(),
+        "A's guard is still valid when B got the lock {tb:?} after A's grant (two holders)"
+    );
+    assert!(gb.fencing_token() > g.fencing_token());
+    gb.release().await.unwrap();
+    proxy.set_mode(Mode::Pass);
+}

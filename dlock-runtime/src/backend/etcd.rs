@@ -210,13 +210,17 @@ struct Lease {
     /// Keys whose delete was not confirmed, retried by the reaper. A lease with orphans is
     /// tainted: no new key goes on it, and once it has no users it is revoked, which ends them.
     orphans: AtomicUsize,
+    /// Send time of the latest grant or keep-alive the server confirmed: the lease lives on the
+    /// server at least until this plus `secs`.
+    confirmed: Mutex<Instant>,
 }
 
 impl Lease {
-    fn new(id: i64, secs: i64) -> Lease {
+    fn new(id: i64, secs: i64, granted: Instant) -> Lease {
         Lease {
             id,
             secs,
+            confirmed: Mutex::new(granted),
             dead: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             lost: CancellationToken::new(),
@@ -227,6 +231,18 @@ impl Lease {
 
     fn users(&self) -> MutexGuard<'_, usize> {
         self.users.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// A keep-alive sent at `sent` was confirmed.
+    fn confirm(&self, sent: Instant) {
+        let mut c = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        *c = (*c).max(sent);
+    }
+
+    /// True when the lease is known to live on the server until at least `at + ttl`.
+    fn covers(&self, at: Instant, ttl: Duration) -> bool {
+        let c = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        c + Duration::from_secs(self.secs as u64) >= at + ttl
     }
 
     /// No longer usable; the holds on it hear `lost()`.
@@ -740,12 +756,13 @@ impl Inner {
             }
         }
         let bound = self.bound(Duration::from_secs(secs as u64));
+        let sent = Instant::now();
         let r = self
             .call(name, bound, |mut c| async move {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        let lease = Arc::new(Lease::new(r.id(), secs));
+        let lease = Arc::new(Lease::new(r.id(), secs, sent));
         self.leases().insert(lease.id, lease.clone());
         let me = Arc::downgrade(self);
         self.driver
@@ -753,6 +770,38 @@ impl Inner {
             .spawn(keep_alive(me.clone(), lease.clone(), Instant::now()));
         self.driver.handle.spawn(watch_lease(me, lease.clone()));
         Ok(lease)
+    }
+
+    /// One keep-alive of `lease`, sent now: a grant decided together with it may count on the
+    /// lease for its whole ttl from the try's send time (issue 17, M2: a key put under a
+    /// shared lease does not renew it, and the lease's last renewal may be up to a third of its
+    /// ttl old). Not counted in `requests` (a lease keep-alive, as the background ones).
+    async fn refresh_lease(
+        &self,
+        name: &str,
+        lease: &Lease,
+        bound: Duration,
+    ) -> Result<(), LockError> {
+        let id = lease.id;
+        let sent = Instant::now();
+        let r = self
+            .call_with(name, bound, transient, |c| async move {
+                c.lease_client().keep_alive(id).await
+            })
+            .await;
+        self.requests.fetch_sub(1, Ordering::Relaxed);
+        match r {
+            Ok(_) => {
+                lease.confirm(sent);
+                Ok(())
+            }
+            Err(e) => {
+                if lease_gone(&e) {
+                    self.lease_ended(lease);
+                }
+                Err(e)
+            }
+        }
     }
 
     fn forget(&self, h: &Hold) {
@@ -771,6 +820,7 @@ impl Inner {
     ) -> Result<Acquired, LockError> {
         let hk = (name.to_string(), owner.to_string());
         let bound = self.bound(ttl);
+        let sent = Instant::now();
         let existing = {
             let holds = self.holds();
             let h = holds.get(&hk);
@@ -788,7 +838,9 @@ impl Inner {
             }
             h.map(|h| (h.key.clone(), h.rev, h.held, h.lease.clone()))
         };
-        let (key, rev, lease, pred, header_rev) = match existing {
+        // `refreshed`: the keep-alive sent with the try when the lease's last confirmation does
+        // not cover `sent + ttl` (None: not needed).
+        let (key, rev, lease, pred, header_rev, refreshed) = match existing {
             Some((key, rev, held, lease)) if rev > 0 && !lease.dead.load(Ordering::Acquire) => {
                 // Known key: a re-entry, or a queued contender re-checking.
                 let txn = Txn::new().and_then([
@@ -805,12 +857,19 @@ impl Inner {
                         ),
                     ),
                 ]);
-                let r = self
-                    .call(name, bound, |mut c| {
-                        let t = txn.clone();
-                        async move { c.txn(t).await }
-                    })
-                    .await?;
+                let recheck = self.call(name, bound, |mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                });
+                let refresh = async {
+                    if held || lease.covers(sent, ttl) {
+                        None
+                    } else {
+                        Some(self.refresh_lease(name, &lease, bound).await)
+                    }
+                };
+                let (r, refreshed) = tokio::join!(recheck, refresh);
+                let r = r?;
                 let ops = r.op_responses();
                 let mine = range_kvs(ops.first());
                 if !mine.iter().any(|kv| kv.create_revision() == rev) {
@@ -837,7 +896,7 @@ impl Inner {
                     .first()
                     .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
                 let hr = r.header().map_or(0, |h| h.revision());
-                (key, rev, lease, pred, hr)
+                (key, rev, lease, pred, hr, refreshed)
             }
             other => {
                 if other.is_some() {
@@ -889,13 +948,19 @@ impl Inner {
                             ),
                         ),
                     ]);
-                let r = match self
-                    .call(name, bound, |mut c| {
-                        let t = txn.clone();
-                        async move { c.txn(t).await }
-                    })
-                    .await
-                {
+                let create = self.call(name, bound, |mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                });
+                let refresh = async {
+                    if lease.covers(sent, ttl) {
+                        None
+                    } else {
+                        Some(self.refresh_lease(name, &lease, bound).await)
+                    }
+                };
+                let (r, refreshed) = tokio::join!(create, refresh);
+                let r = match r {
                     Ok(r) if r.succeeded() => r,
                     Ok(_) => {
                         self.abandon(&hk).await;
@@ -940,10 +1005,18 @@ impl Inner {
                     return Ok(Acquired::Busy { remaining: None });
                 }
                 let hr = r.header().map_or(rev, |h| h.revision());
-                (key, rev, lease, pred, hr)
+                (key, rev, lease, pred, hr, refreshed)
             }
         };
         let _ = (&key, &lease);
+        if pred.is_none()
+            && let Some(Err(e)) = refreshed
+        {
+            // Alone, but the lease may end before `sent + ttl`: not granted (the key is given
+            // back; the caller's next try has a fresh lease or a confirmed one).
+            self.abandon(&hk).await;
+            return Err(e);
+        }
         let Some(pred) = pred else {
             let mut holds = self.holds();
             let Some(h) = holds.get_mut(&hk) else {
@@ -1195,6 +1268,7 @@ impl Inner {
             return self.move_to_longer_lease(&hk, key, rev, lease, ttl).await;
         }
         let id = lease.id;
+        let ksent = Instant::now();
         let keep = self.call(name, bound, |c| async move {
             c.lease_client().keep_alive(id).await
         });
@@ -1210,6 +1284,7 @@ impl Inner {
             return Ok(Extended::Lost);
         }
         k?;
+        lease.confirm(ksent);
         let g = g?;
         if g.kvs().iter().any(|kv| kv.create_revision() == rev) {
             Ok(Extended::Extended)
@@ -1499,7 +1574,7 @@ async fn sentinel_deleted(mut c: etcd::Client, key: &str, from: &mut i64, id: i6
 /// keep-alive was confirmed within its ttl.
 async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Instant) {
     let ttl = Duration::from_secs(lease.secs as u64);
-    let mut confirmed_until = granted + ttl;
+    let _ = granted;
     let mut idle_since: Option<Instant> = None;
     let mut keeper: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
     // `ended`: the server said so (its keys are gone too); otherwise not confirmed in time.
@@ -1574,7 +1649,7 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
         })
         .await;
         match r {
-            Ok(Ok(t)) if t > 0 => confirmed_until = sent + ttl,
+            Ok(Ok(t)) if t > 0 => lease.confirm(sent),
             Ok(Ok(_)) => {
                 mark_dead(&me, true);
                 return;
@@ -1585,7 +1660,8 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
             }
             Ok(Err(_)) | Err(_) => keeper = None,
         }
-        if Instant::now() >= confirmed_until {
+        // Not confirmed within its ttl (by this task, a renewal or a grant's keep-alive).
+        if !lease.covers(Instant::now(), Duration::ZERO) {
             mark_dead(&me, false);
             return;
         }
