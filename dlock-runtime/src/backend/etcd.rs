@@ -10,7 +10,12 @@
 //!   per release would make an uncontended acquisition three requests instead of two. In
 //!   practice an application uses one or two ttls, so this is one lease (or two) per process.
 //!   A lease is granted on first use, kept alive by a background task every third of its ttl
-//!   while any key uses it, and revoked after it has been unused for one ttl.
+//!   while any key uses it, and revoked after it has been unused for one ttl. A key put under a
+//!   shared lease does not renew it: a try whose send time + ttl is not covered by the lease's
+//!   last confirmed keep-alive sends one more keep-alive with its create (or re-check), so a
+//!   grant's deadline never outlives the lease on the server. Each lease carries a sentinel key
+//!   (`<prefix>/.leases/<id hex>`), watched: its delete (an operator's revoke, an expiry) ends
+//!   the lease here at once, and every hold on it hears `lost()` through `lost_signal`.
 //! - `try_acquire` creates the caller's key in one transaction: if absent, put it under the
 //!   lease and read the two newest keys of the name (its own and its predecessor). Alone: the
 //!   lock is granted, with the key's **create revision as fencing token** (etcd's global
@@ -19,8 +24,16 @@
 //!   below its own, as etcd's `concurrency.Mutex` does): one notification per release. The next
 //!   try re-checks in one read-only transaction (own key still there? predecessor left?).
 //! - `release` deletes the key (after `keep_for` when given); a queued contender's key (a wait
-//!   that ended) is deleted too. A create whose reply was lost is found by its name, which the
-//!   client chose before sending, so it leaves no orphan.
+//!   that ended) is deleted too. A create whose reply was lost is cancelled by its name, which
+//!   the client chose before sending, in one transaction with a cancel marker that the create
+//!   compares against (the marker stays until its lease ends), so it leaves no orphan.
+//! - **Guaranteed deletes (issue 17).** A released or given-up key goes to a to-delete set and
+//!   its delete runs on the driver thread (a caller's runtime that shuts down cannot cut it
+//!   off). It is forgotten only once the server confirmed it gone (deleted, not found, or its
+//!   lease ended). A delete that is not confirmed makes `release` an error (never `NotOwner`)
+//!   and the key an orphan, retried by a reaper with back-off (50 ms doubling to 1 s). Its
+//!   lease is tainted (no new keys on it) and, once it has no users left, retired (no more
+//!   keep-alives) and revoked, which ends the orphan.
 //! - `extend` refreshes the lease with one keep-alive and checks that the key is still there
 //!   (both at once). A revoked or expired lease, or a deleted key, answers `Lost`; a server that
 //!   does not answer makes the guard's own deadline (`ttl` from the last confirmed renewal, never
@@ -767,7 +780,7 @@ impl Inner {
         let me = Arc::downgrade(self);
         self.driver
             .handle
-            .spawn(keep_alive(me.clone(), lease.clone(), Instant::now()));
+            .spawn(keep_alive(me.clone(), lease.clone()));
         self.driver.handle.spawn(watch_lease(me, lease.clone()));
         Ok(lease)
     }
@@ -857,7 +870,7 @@ impl Inner {
                         ),
                     ),
                 ]);
-                let recheck = self.call(name, bound, |mut c| {
+                let recheck = self.call_idem(name, bound, |mut c| {
                     let t = txn.clone();
                     async move { c.txn(t).await }
                 });
@@ -1068,7 +1081,7 @@ impl Inner {
                 if created > header_rev {
                     let k = pred.clone();
                     let r = self
-                        .call(name, bound, |mut c| {
+                        .call_idem(name, bound, |mut c| {
                             let k = k.clone();
                             async move { c.get(k, Some(GetOptions::new().with_count_only())).await }
                         })
@@ -1237,7 +1250,7 @@ impl Inner {
         let held = self.deleting().get(&key).is_some_and(|d| d.held);
         if let Some(k) = keep_for.filter(|k| held && !k.is_zero()) {
             // Stays taken for `k` (its lease kept alive meanwhile: it still counts as a user).
-            let _ = self.delete_on_driver(key, Some(k));
+            drop(self.delete_on_driver(key, Some(k)));
             return Ok(Released::Freed);
         }
         match self.delete_on_driver(key, None).await {
@@ -1269,10 +1282,10 @@ impl Inner {
         }
         let id = lease.id;
         let ksent = Instant::now();
-        let keep = self.call(name, bound, |c| async move {
+        let keep = self.call_idem(name, bound, |c| async move {
             c.lease_client().keep_alive(id).await
         });
-        let get = self.call(name, bound, |mut c| {
+        let get = self.call_idem(name, bound, |mut c| {
             let k = key.clone();
             async move { c.get(k, None).await }
         });
@@ -1572,9 +1585,8 @@ async fn sentinel_deleted(mut c: etcd::Client, key: &str, from: &mut i64, id: i6
 /// Keeps `lease` alive every third of its ttl while this backend lives and the lease has users;
 /// revokes it after one ttl without users. Marks it dead when the server says it is gone or no
 /// keep-alive was confirmed within its ttl.
-async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Instant) {
+async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>) {
     let ttl = Duration::from_secs(lease.secs as u64);
-    let _ = granted;
     let mut idle_since: Option<Instant> = None;
     let mut keeper: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
     // `ended`: the server said so (its keys are gone too); otherwise not confirmed in time.
