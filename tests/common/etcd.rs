@@ -340,7 +340,9 @@ pub async fn admin(cluster: &EtcdCluster) -> dlock::etcd_client::Client {
         .expect("admin client")
 }
 
-/// Every key under `/dlock/`.
+/// Every lock key under `/dlock/`: not the backend's own bookkeeping (cancel markers under
+/// `/dlock/.cancelled/`, which stay until their lease ends, and lease sentinels under
+/// `/dlock/.leases/`).
 pub async fn keys_under_root(cluster: &EtcdCluster) -> Vec<String> {
     let mut c = admin(cluster).await;
     let r = c
@@ -353,6 +355,7 @@ pub async fn keys_under_root(cluster: &EtcdCluster) -> Vec<String> {
     r.kvs()
         .iter()
         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
+        .filter(|k| !k.starts_with("/dlock/.cancelled/") && !k.starts_with("/dlock/.leases/"))
         .collect()
 }
 

@@ -10,7 +10,12 @@
 //!   per release would make an uncontended acquisition three requests instead of two. In
 //!   practice an application uses one or two ttls, so this is one lease (or two) per process.
 //!   A lease is granted on first use, kept alive by a background task every third of its ttl
-//!   while any key uses it, and revoked after it has been unused for one ttl.
+//!   while any key uses it, and revoked after it has been unused for one ttl. A key put under a
+//!   shared lease does not renew it: a try whose send time + ttl is not covered by the lease's
+//!   last confirmed keep-alive sends one more keep-alive with its create (or re-check), so a
+//!   grant's deadline never outlives the lease on the server. Each lease carries a sentinel key
+//!   (`<prefix>/.leases/<id hex>`), watched: its delete (an operator's revoke, an expiry) ends
+//!   the lease here at once, and every hold on it hears `lost()` through `lost_signal`.
 //! - `try_acquire` creates the caller's key in one transaction: if absent, put it under the
 //!   lease and read the two newest keys of the name (its own and its predecessor). Alone: the
 //!   lock is granted, with the key's **create revision as fencing token** (etcd's global
@@ -19,8 +24,16 @@
 //!   below its own, as etcd's `concurrency.Mutex` does): one notification per release. The next
 //!   try re-checks in one read-only transaction (own key still there? predecessor left?).
 //! - `release` deletes the key (after `keep_for` when given); a queued contender's key (a wait
-//!   that ended) is deleted too. A create whose reply was lost is found by its name, which the
-//!   client chose before sending, so it leaves no orphan.
+//!   that ended) is deleted too. A create whose reply was lost is cancelled by its name, which
+//!   the client chose before sending, in one transaction with a cancel marker that the create
+//!   compares against (the marker stays until its lease ends), so it leaves no orphan.
+//! - **Guaranteed deletes (issue 17).** A released or given-up key goes to a to-delete set and
+//!   its delete runs on the driver thread (a caller's runtime that shuts down cannot cut it
+//!   off). It is forgotten only once the server confirmed it gone (deleted, not found, or its
+//!   lease ended). A delete that is not confirmed makes `release` an error (never `NotOwner`)
+//!   and the key an orphan, retried by a reaper with back-off (50 ms doubling to 1 s). Its
+//!   lease is tainted (no new keys on it) and, once it has no users left, retired (no more
+//!   keep-alives) and revoked, which ends the orphan.
 //! - `extend` refreshes the lease with one keep-alive and checks that the key is still there
 //!   (both at once). A revoked or expired lease, or a deleted key, answers `Lost`; a server that
 //!   does not answer makes the guard's own deadline (`ttl` from the last confirmed renewal, never
@@ -28,13 +41,14 @@
 //! - Every request is bounded by the request timeout and by the lease's ttl.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client as etcd;
 use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::driver::Driver;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
@@ -175,6 +189,7 @@ impl EtcdBackendBuilder {
                 client,
                 driver,
                 holds: Mutex::new(HashMap::new()),
+                deleting: Mutex::new(HashMap::new()),
                 leases: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
                 notifications: AtomicU64::new(0),
@@ -196,16 +211,96 @@ fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Lock
 struct Lease {
     id: i64,
     secs: i64,
-    /// Revoked, not found, or not confirmed within its ttl: its keys are gone or going.
+    /// Revoked, not found, not confirmed within its ttl, or retired (see [`Inner::retire`]):
+    /// no new key goes on it; its keys are gone or going.
     dead: AtomicBool,
-    /// Keys (held or queued) of this backend attached to it.
+    /// The server confirmed it gone (revoked, expired, "lease not found"): so are its keys.
+    ended: AtomicBool,
+    /// Cancelled when the lease is found dead: the lost signal of the holds on it.
+    lost: CancellationToken,
+    /// Keys (held, queued, or being deleted for the first time) of this backend attached to it.
     users: Mutex<usize>,
+    /// Keys whose delete was not confirmed, retried by the reaper. A lease with orphans is
+    /// tainted: no new key goes on it, and once it has no users it is revoked, which ends them.
+    orphans: AtomicUsize,
+    /// Send time of the latest grant or keep-alive the server confirmed: the lease lives on the
+    /// server at least until this plus `secs`.
+    confirmed: Mutex<Instant>,
 }
 
 impl Lease {
+    fn new(id: i64, secs: i64, granted: Instant) -> Lease {
+        Lease {
+            id,
+            secs,
+            confirmed: Mutex::new(granted),
+            dead: AtomicBool::new(false),
+            ended: AtomicBool::new(false),
+            lost: CancellationToken::new(),
+            users: Mutex::new(1),
+            orphans: AtomicUsize::new(0),
+        }
+    }
+
     fn users(&self) -> MutexGuard<'_, usize> {
         self.users.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// A keep-alive sent at `sent` was confirmed.
+    fn confirm(&self, sent: Instant) {
+        let mut c = self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        *c = (*c).max(sent);
+    }
+
+    /// True when the lease is known to live on the server until at least `at + ttl`.
+    fn covers(&self, at: Instant, ttl: Duration) -> bool {
+        let c = *self.confirmed.lock().unwrap_or_else(|e| e.into_inner());
+        c + Duration::from_secs(self.secs as u64) >= at + ttl
+    }
+
+    /// No longer usable; the holds on it hear `lost()`.
+    fn kill(&self) {
+        self.dead.store(true, Ordering::Release);
+        self.lost.cancel();
+    }
+
+    /// The server said it is gone (so are its keys).
+    fn end(&self) {
+        self.ended.store(true, Ordering::Release);
+        self.kill();
+    }
+
+    fn ended(&self) -> bool {
+        self.ended.load(Ordering::Acquire)
+    }
+
+    fn usable(&self) -> bool {
+        !self.dead.load(Ordering::Acquire) && self.orphans.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A key being deleted (a released or given-up contender), kept until the server confirms it
+/// gone (deleted, not found, or its lease ended): the to-delete set.
+#[derive(Debug)]
+struct Deleting {
+    name: String,
+    owner: String,
+    lease: Arc<Lease>,
+    /// 0 when its create's outcome is unknown: then it is cancelled with a marker.
+    rev: i64,
+    /// It held the lock when its release began.
+    held: bool,
+    /// Its first delete was not confirmed: it is counted in the lease's `orphans` (no longer in
+    /// `users`), and the reaper retries it with back-off.
+    orphan: bool,
+}
+
+/// What one delete attempt needs of a [`Deleting`].
+struct DeleteJob {
+    name: String,
+    key: String,
+    lease: Arc<Lease>,
+    rev: i64,
 }
 
 #[derive(Debug)]
@@ -236,6 +331,8 @@ struct Inner {
     /// [`Driver`]).
     driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
+    /// Keys being deleted, by key (see [`Deleting`]).
+    deleting: Mutex<HashMap<String, Deleting>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
     waiters: Arc<WaitQueues>,
     notifications: AtomicU64,
@@ -391,21 +488,53 @@ impl Inner {
             .min(ttl.max(Duration::from_millis(100)))
     }
 
-    /// One request, bounded by `bound` in total. A request that found no connection (a member
-    /// is down: connection refused, so nothing was sent) is retried on the client's other
-    /// endpoints within the same bound.
-    async fn call<T, F, Fut>(&self, key: &str, bound: Duration, mut f: F) -> Result<T, LockError>
+    fn deleting(&self) -> MutexGuard<'_, HashMap<String, Deleting>> {
+        self.deleting.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// One request that is not idempotent, bounded by `bound` in total. Retried (within the
+    /// bound, with a short back-off) only after an error that means it was not applied: no
+    /// connection (nothing sent), or refused before it was proposed ("no leader", "leader
+    /// changed", "too many requests", a dropped proposal). Any other error leaves the outcome
+    /// unknown and is returned (rule 1: never re-send a call that is not idempotent).
+    async fn call<T, F, Fut>(&self, key: &str, bound: Duration, f: F) -> Result<T, LockError>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        self.call_with(key, bound, not_applied, f).await
+    }
+
+    /// One idempotent request (a read, a delete of this backend's own key, a cancel marker,
+    /// a revoke), retried within `bound` after any transient error.
+    async fn call_idem<T, F, Fut>(&self, key: &str, bound: Duration, f: F) -> Result<T, LockError>
+    where
+        F: FnMut(etcd::Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, etcd::Error>>,
+    {
+        self.call_with(key, bound, transient, f).await
+    }
+
+    async fn call_with<T, F, Fut>(
+        &self,
+        key: &str,
+        bound: Duration,
+        retry: fn(&etcd::Error) -> bool,
+        mut f: F,
+    ) -> Result<T, LockError>
     where
         F: FnMut(etcd::Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, etcd::Error>>,
     {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + bound;
+        let mut pause = RETRY_PAUSE;
         loop {
             match tokio::time::timeout_at(deadline, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
-                Ok(Err(e)) if not_sent(&e) && Instant::now() + RETRY_PAUSE < deadline => {
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Ok(Err(e)) if retry(&e) && Instant::now() + pause < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
                 Ok(Err(e)) => return Err(be(key, e)),
                 Err(_) => return Err(be(key, "etcd request timed out")),
@@ -414,10 +543,10 @@ impl Inner {
     }
 
     /// Deletes one of this backend's own lock keys; true when it is gone by this call. A delete
-    /// of a key is idempotent, so unlike [`Inner::call`] it is retried within `bound` after any
-    /// unavailable member or broken transport, also when the request may have been applied (a
-    /// member killed mid-call): a retry that then finds nothing to delete counts as deleted,
-    /// as only this backend writes the key and its lease's end would have made the hold lost.
+    /// of a key is idempotent, so it is retried within `bound` after any transient error, also
+    /// when the request may have been applied (a member killed mid-call): a retry that then
+    /// finds nothing to delete counts as deleted, as only this backend writes the key and its
+    /// lease's end would have made the hold lost.
     async fn delete_own_key(
         &self,
         name: &str,
@@ -427,13 +556,15 @@ impl Inner {
         self.requests.fetch_add(1, Ordering::Relaxed);
         let deadline = Instant::now() + bound;
         let mut maybe_applied = false;
+        let mut pause = RETRY_PAUSE;
         loop {
             let mut c = self.client.clone();
             match tokio::time::timeout_at(deadline, c.delete(key, None)).await {
                 Ok(Ok(d)) => return Ok(d.deleted() > 0 || maybe_applied),
-                Ok(Err(e)) if unavailable(&e) && Instant::now() + RETRY_PAUSE < deadline => {
-                    maybe_applied |= !not_sent(&e);
-                    tokio::time::sleep(RETRY_PAUSE).await;
+                Ok(Err(e)) if transient(&e) && Instant::now() + pause < deadline => {
+                    maybe_applied |= !not_applied(&e);
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(RETRY_PAUSE_MAX);
                 }
                 Ok(Err(e)) => return Err(be(name, e)),
                 Err(_) => return Err(be(name, "etcd request timed out")),
@@ -441,36 +572,249 @@ impl Inner {
         }
     }
 
+    /// One attempt (bounded by the request timeout and the lease's ttl) to make a to-delete
+    /// key gone for good: a delete by key, or for a key whose create's outcome is unknown, the
+    /// cancel-marker transaction. `Ok(deleted_by_this_call)` when the server confirmed it gone.
+    async fn delete_once(&self, j: &DeleteJob) -> Result<bool, LockError> {
+        if j.lease.ended() {
+            return Ok(false);
+        }
+        let bound = self.bound(Duration::from_secs(j.lease.secs as u64));
+        let r = if j.rev == 0 {
+            self.cancel_create(&j.name, &j.key, &j.lease, bound)
+                .await
+                .map(|()| false)
+        } else {
+            self.delete_own_key(&j.name, &j.key, bound).await
+        };
+        match r {
+            Err(e) if lease_gone(&e) => {
+                // Its lease ended: so did the key (and a create not applied yet cannot be).
+                self.lease_ended(&j.lease);
+                Ok(false)
+            }
+            r => r,
+        }
+    }
+
+    fn lease_ended(&self, lease: &Lease) {
+        lease.end();
+        let mut leases = self.leases();
+        if leases
+            .get(&lease.id)
+            .is_some_and(|l| std::ptr::eq(&**l, lease))
+        {
+            leases.remove(&lease.id);
+        }
+    }
+
+    fn delete_job(&self, key: &str) -> Option<DeleteJob> {
+        self.deleting().get(key).map(|d| DeleteJob {
+            name: d.name.clone(),
+            key: key.to_string(),
+            lease: d.lease.clone(),
+            rev: d.rev,
+        })
+    }
+
+    /// Moves a hold (already taken out of `holds`) to the to-delete set; returns its key.
+    fn start_delete(&self, h: Hold, name: &str, owner: &str) -> String {
+        if let Some(w) = &h.watching {
+            w.task.abort();
+        }
+        let held = h.held && !h.lease.dead.load(Ordering::Acquire);
+        self.deleting().insert(
+            h.key.clone(),
+            Deleting {
+                name: name.to_string(),
+                owner: owner.to_string(),
+                lease: h.lease,
+                rev: h.rev,
+                held,
+                orphan: false,
+            },
+        );
+        h.key
+    }
+
+    /// The server confirmed `key` gone: forgets it (its lease loses a user or an orphan) and
+    /// wakes a local waiter of its name. Idempotent.
+    fn finish_delete(&self, key: &str) {
+        let Some(d) = self.deleting().remove(key) else {
+            return;
+        };
+        if d.orphan {
+            d.lease.orphans.fetch_sub(1, Ordering::AcqRel);
+            tracing::info!(key = %d.name, "dlock: an etcd lock key whose delete had failed is gone now");
+        } else {
+            let mut u = d.lease.users();
+            *u = u.saturating_sub(1);
+        }
+        // A waiter of this process that queued behind local waiters without a key of its own
+        // (the lock loop does not barge past them) watches nothing: wake one so it tries,
+        // rather than wait for the holder's ttl.
+        self.waiters.wake_one(&d.name);
+    }
+
+    /// The first delete of `key` was not confirmed: it becomes an orphan (its lease is tainted)
+    /// and the reaper retries it.
+    fn make_orphan(&self, key: &str) {
+        let lease = {
+            let mut del = self.deleting();
+            let Some(d) = del.get_mut(key).filter(|d| !d.orphan) else {
+                return;
+            };
+            d.orphan = true;
+            // Counted as an orphan before it stops counting as a user: the lease never looks
+            // unused meanwhile.
+            d.lease.orphans.fetch_add(1, Ordering::AcqRel);
+            d.lease.clone()
+        };
+        {
+            let mut u = lease.users();
+            *u = u.saturating_sub(1);
+        }
+        tracing::warn!(
+            lease = lease.id,
+            "dlock: deleting an etcd lock key was not confirmed; retrying in the background"
+        );
+        self.driver
+            .handle
+            .spawn(reap(self.this.clone(), key.to_string()));
+    }
+
+    /// Deletes the to-delete `key` on the driver thread, after `delay` when given: a caller that
+    /// stops waiting (a dropped future, a runtime shutting down) does not stop it. One attempt;
+    /// when it is not confirmed the key goes to the reaper and the error is returned.
+    fn delete_on_driver(
+        self: &Arc<Self>,
+        key: String,
+        delay: Option<Duration>,
+    ) -> tokio::task::JoinHandle<Result<bool, LockError>> {
+        let me = Arc::clone(self);
+        self.driver.handle.spawn(async move {
+            if let Some(d) = delay {
+                tokio::time::sleep(d).await;
+            }
+            let Some(job) = me.delete_job(&key) else {
+                return Ok(false);
+            };
+            match me.delete_once(&job).await {
+                Ok(by_us) => {
+                    me.finish_delete(&key);
+                    Ok(by_us)
+                }
+                Err(e) => {
+                    me.make_orphan(&key);
+                    Err(e)
+                }
+            }
+        })
+    }
+
+    /// The last resort for an orphan that cannot be deleted: once its (tainted) lease has no
+    /// users left, retire it (no keep-alive any more, so the server ends it within its ttl
+    /// whatever happens) and revoke it, which ends the orphan now. True when the server
+    /// confirmed the lease gone.
+    async fn revoke_if_unused(&self, name: &str, lease: &Lease) -> bool {
+        if lease.ended() {
+            return true;
+        }
+        if !self.retire(lease) {
+            return false;
+        }
+        let id = lease.id;
+        let bound = self.bound(Duration::from_secs(lease.secs as u64));
+        match self
+            .call_idem(name, bound, |mut c| async move { c.lease_revoke(id).await })
+            .await
+        {
+            Ok(_) => {
+                self.lease_ended(lease);
+                true
+            }
+            Err(e) if lease_gone(&e) => {
+                self.lease_ended(lease);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
+    /// Marks a lease without users dead (under the map lock, so no acquire picks it up
+    /// meanwhile) and stops its keep-alive. False when it still has users.
+    fn retire(&self, lease: &Lease) -> bool {
+        let mut leases = self.leases();
+        if *lease.users() > 0 {
+            return false;
+        }
+        lease.kill();
+        if leases
+            .get(&lease.id)
+            .is_some_and(|l| std::ptr::eq(&**l, lease))
+        {
+            leases.remove(&lease.id);
+        }
+        true
+    }
+
     /// A live lease for `secs`, granted when there is none; its user count is incremented.
     async fn lease_for(self: &Arc<Self>, name: &str, secs: i64) -> Result<Arc<Lease>, LockError> {
         {
             let leases = self.leases();
-            if let Some(l) = leases
-                .values()
-                .find(|l| l.secs == secs && !l.dead.load(Ordering::Acquire))
-            {
+            // Not a tainted one (with an orphan it could not delete): it is to be revoked.
+            if let Some(l) = leases.values().find(|l| l.secs == secs && l.usable()) {
                 *l.users() += 1;
                 return Ok(l.clone());
             }
         }
         let bound = self.bound(Duration::from_secs(secs as u64));
+        let sent = Instant::now();
         let r = self
             .call(name, bound, |mut c| async move {
                 c.lease_grant(secs, None).await
             })
             .await?;
-        let lease = Arc::new(Lease {
-            id: r.id(),
-            secs,
-            dead: AtomicBool::new(false),
-            users: Mutex::new(1),
-        });
+        let lease = Arc::new(Lease::new(r.id(), secs, sent));
         self.leases().insert(lease.id, lease.clone());
         let me = Arc::downgrade(self);
         self.driver
             .handle
-            .spawn(keep_alive(me, lease.clone(), Instant::now()));
+            .spawn(keep_alive(me.clone(), lease.clone()));
+        self.driver.handle.spawn(watch_lease(me, lease.clone()));
         Ok(lease)
+    }
+
+    /// One keep-alive of `lease`, sent now: a grant decided together with it may count on the
+    /// lease for its whole ttl from the try's send time (issue 17, M2: a key put under a
+    /// shared lease does not renew it, and the lease's last renewal may be up to a third of its
+    /// ttl old). Not counted in `requests` (a lease keep-alive, as the background ones).
+    async fn refresh_lease(
+        &self,
+        name: &str,
+        lease: &Lease,
+        bound: Duration,
+    ) -> Result<(), LockError> {
+        let id = lease.id;
+        let sent = Instant::now();
+        let r = self
+            .call_with(name, bound, transient, |c| async move {
+                c.lease_client().keep_alive(id).await
+            })
+            .await;
+        self.requests.fetch_sub(1, Ordering::Relaxed);
+        match r {
+            Ok(_) => {
+                lease.confirm(sent);
+                Ok(())
+            }
+            Err(e) => {
+                if lease_gone(&e) {
+                    self.lease_ended(lease);
+                }
+                Err(e)
+            }
+        }
     }
 
     fn forget(&self, h: &Hold) {
@@ -489,6 +833,7 @@ impl Inner {
     ) -> Result<Acquired, LockError> {
         let hk = (name.to_string(), owner.to_string());
         let bound = self.bound(ttl);
+        let sent = Instant::now();
         let existing = {
             let holds = self.holds();
             let h = holds.get(&hk);
@@ -506,7 +851,9 @@ impl Inner {
             }
             h.map(|h| (h.key.clone(), h.rev, h.held, h.lease.clone()))
         };
-        let (key, rev, lease, pred, header_rev) = match existing {
+        // `refreshed`: the keep-alive sent with the try when the lease's last confirmation does
+        // not cover `sent + ttl` (None: not needed).
+        let (key, rev, lease, pred, header_rev, refreshed) = match existing {
             Some((key, rev, held, lease)) if rev > 0 && !lease.dead.load(Ordering::Acquire) => {
                 // Known key: a re-entry, or a queued contender re-checking.
                 let txn = Txn::new().and_then([
@@ -523,12 +870,19 @@ impl Inner {
                         ),
                     ),
                 ]);
-                let r = self
-                    .call(name, bound, |mut c| {
-                        let t = txn.clone();
-                        async move { c.txn(t).await }
-                    })
-                    .await?;
+                let recheck = self.call_idem(name, bound, |mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                });
+                let refresh = async {
+                    if held || lease.covers(sent, ttl) {
+                        None
+                    } else {
+                        Some(self.refresh_lease(name, &lease, bound).await)
+                    }
+                };
+                let (r, refreshed) = tokio::join!(recheck, refresh);
+                let r = r?;
                 let ops = r.op_responses();
                 let mine = range_kvs(ops.first());
                 if !mine.iter().any(|kv| kv.create_revision() == rev) {
@@ -555,12 +909,12 @@ impl Inner {
                     .first()
                     .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
                 let hr = r.header().map_or(0, |h| h.revision());
-                (key, rev, lease, pred, hr)
+                (key, rev, lease, pred, hr, refreshed)
             }
             other => {
                 if other.is_some() {
                     // A key of a dead lease (or one whose create was never confirmed).
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                 }
                 let lease = self.lease_for(name, lease_secs(ttl)).await?;
                 let mut uid = [0u8; 8];
@@ -587,7 +941,7 @@ impl Inner {
                 let txn = Txn::new()
                     .when([
                         Compare::create_revision(key.clone(), CompareOp::Equal, 0),
-                        // Not given up already (see `delete_unconfirmed`).
+                        // Not given up already (see `cancel_create`).
                         Compare::create_revision(self.cancel_marker(&key), CompareOp::Equal, 0),
                     ])
                     .and_then([
@@ -607,28 +961,33 @@ impl Inner {
                             ),
                         ),
                     ]);
-                let r = match self
-                    .call(name, bound, |mut c| {
-                        let t = txn.clone();
-                        async move { c.txn(t).await }
-                    })
-                    .await
-                {
+                let create = self.call(name, bound, |mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                });
+                let refresh = async {
+                    if lease.covers(sent, ttl) {
+                        None
+                    } else {
+                        Some(self.refresh_lease(name, &lease, bound).await)
+                    }
+                };
+                let (r, refreshed) = tokio::join!(create, refresh);
+                let r = match r {
                     Ok(r) if r.succeeded() => r,
                     Ok(_) => {
-                        self.abandon(&hk, bound).await;
+                        self.abandon(&hk).await;
                         return Err(be(name, "etcd lock key already existed"));
                     }
                     Err(e) => {
-                        if e.to_string().contains("lease not found") {
+                        if lease_gone(&e) {
                             // Expired or revoked (its keep-alive task may have stopped with the
                             // runtime that ran it): the next try grants a new one.
-                            lease.dead.store(true, Ordering::Release);
-                            self.leases().remove(&lease.id);
+                            self.lease_ended(&lease);
                         }
                         // The reply may be lost after the server created the key: delete it
                         // by its name (no orphan).
-                        self.abandon(&hk, bound).await;
+                        self.abandon(&hk).await;
                         return Err(e);
                     }
                 };
@@ -639,7 +998,7 @@ impl Inner {
                     .find(|kv| kv.key() == key.as_bytes())
                     .map(|kv| kv.create_revision())
                 else {
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Err(be(name, "etcd lock key missing right after its create"));
                 };
                 let pred = kvs
@@ -655,14 +1014,22 @@ impl Inner {
                     // TryLock, take the key back now rather than leave it queued until the
                     // give-up runs, so that it never becomes the holder of a name whose
                     // contender has already left.
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Ok(Acquired::Busy { remaining: None });
                 }
                 let hr = r.header().map_or(rev, |h| h.revision());
-                (key, rev, lease, pred, hr)
+                (key, rev, lease, pred, hr, refreshed)
             }
         };
         let _ = (&key, &lease);
+        if pred.is_none()
+            && let Some(Err(e)) = refreshed
+        {
+            // Alone, but the lease may end before `sent + ttl`: not granted (the key is given
+            // back; the caller's next try has a fresh lease or a confirmed one).
+            self.abandon(&hk).await;
+            return Err(e);
+        }
         let Some(pred) = pred else {
             let mut holds = self.holds();
             let Some(h) = holds.get_mut(&hk) else {
@@ -714,7 +1081,7 @@ impl Inner {
                 if created > header_rev {
                     let k = pred.clone();
                     let r = self
-                        .call(name, bound, |mut c| {
+                        .call_idem(name, bound, |mut c| {
                             let k = k.clone();
                             async move { c.get(k, Some(GetOptions::new().with_count_only())).await }
                         })
@@ -727,7 +1094,7 @@ impl Inner {
                 Ok(v) => v,
                 Err(e) => {
                     // Not left queued under an owner id the caller is about to drop.
-                    self.abandon(&hk, bound).await;
+                    self.abandon(&hk).await;
                     return Err(e);
                 }
             };
@@ -760,31 +1127,23 @@ impl Inner {
         Ok(Acquired::Busy { remaining: None })
     }
 
-    /// Deletes a contender's key and forgets it (best effort, bounded).
-    async fn abandon(&self, hk: &(String, String), bound: Duration) {
-        // The hold is forgotten only after the delete: a caller dropped meanwhile leaves it to
-        // the give-up's `release`, which deletes the key then (no orphan).
-        let Some((key, rev, lease)) = self
-            .holds()
-            .get(hk)
-            .map(|h| (h.key.clone(), h.rev, h.lease.clone()))
-        else {
+    /// Gives up a contender's key: moves it to the to-delete set and deletes it on the driver
+    /// thread (see [`Inner::delete_on_driver`]); a delete that is not confirmed goes on in the
+    /// reaper, so the key is never forgotten while it may still be on the server. A caller
+    /// dropped meanwhile does not stop the delete, and a later `release` of the same owner
+    /// answers from the to-delete set.
+    async fn abandon(self: &Arc<Self>, hk: &(String, String)) {
+        let Some(h) = self.holds().remove(hk) else {
             return;
         };
-        if rev == 0 {
-            self.delete_unconfirmed(&hk.0, &key, &lease, bound).await;
-        } else {
-            let _ = self
-                .call(&hk.0, bound, |mut c| {
-                    let k = key.clone();
-                    async move { c.delete(k, None).await }
-                })
-                .await;
-        }
-        let h = self.holds().remove(hk);
-        if let Some(h) = h {
-            self.forget(&h);
-        }
+        let key = self.start_delete(h, &hk.0, &hk.1);
+        let _ = self.delete_on_driver(key, None).await;
+    }
+
+    /// The sentinel key of a lease (`<prefix>/.leases/<id hex>`, on that lease): the server
+    /// deletes it when the lease ends, which [`watch_lease`] hears at once.
+    fn lease_sentinel(&self, id: i64) -> String {
+        format!("{}/.leases/{id:016x}", self.cfg.prefix)
     }
 
     /// The key under which a given-up create is marked (outside every name's range: escaped
@@ -798,46 +1157,73 @@ impl Inner {
     /// future, a timeout). The create may still be applied after a plain delete, leaving an
     /// orphan that its lease (kept alive for other keys) would never end. So one transaction
     /// writes a cancel marker, which the create compares against, and deletes the key: after it,
-    /// the key is gone and cannot appear. The marker is deleted a while later (or goes with the
-    /// lease).
-    async fn delete_unconfirmed(&self, name: &str, key: &str, lease: &Lease, bound: Duration) {
-        if lease.dead.load(Ordering::Acquire) {
-            // A put under a dead lease fails: the create cannot succeed any more.
-            let _ = self
-                .call(name, bound, |mut c| {
-                    let k = key.to_string();
-                    async move { c.delete(k, None).await }
-                })
-                .await;
-            return;
-        }
+    /// the key is gone and cannot appear. The marker stays until its lease ends (a create can
+    /// arrive late for as long as its lease lives); the transaction is idempotent, so it is
+    /// retried after any transient error, and by the reaper after that.
+    async fn cancel_create(
+        &self,
+        name: &str,
+        key: &str,
+        lease: &Lease,
+        bound: Duration,
+    ) -> Result<(), LockError> {
         let marker = self.cancel_marker(key);
         let txn = Txn::new().and_then([
-            TxnOp::put(
-                marker.clone(),
-                "",
-                Some(PutOptions::new().with_lease(lease.id)),
-            ),
+            TxnOp::put(marker, "", Some(PutOptions::new().with_lease(lease.id))),
             TxnOp::delete(key.to_string(), None),
         ]);
-        let r = self
-            .call(name, bound, |mut c| {
-                let t = txn.clone();
-                async move { c.txn(t).await }
-            })
-            .await;
-        if r.is_err() {
-            return;
-        }
-        let linger = self.cfg.request_timeout;
-        let c = self.client.clone();
-        self.driver.handle.spawn(async move {
-            tokio::time::sleep(linger).await;
-            let mut c = c;
-            let _ = tokio::time::timeout(linger, c.delete(marker, None)).await;
-        });
+        self.call_idem(name, bound, |mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+        .map(|_| ())
     }
 
+    /// A release by an owner that has no hold any more: its key may be in the to-delete set
+    /// (an earlier release or give-up whose delete was not confirmed). Then one more attempt:
+    /// confirmed, it is `Freed` (or `NotOwner` for a key that did not hold); not confirmed, an
+    /// error (never `NotOwner`: rule 3). Nothing of this owner's: `NotOwner`.
+    async fn release_again(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+    ) -> Result<Released, LockError> {
+        let found = self
+            .deleting()
+            .iter()
+            .find(|(_, d)| d.name == name && d.owner == owner)
+            .map(|(k, d)| (k.clone(), d.orphan, d.held));
+        let Some((key, orphan, held)) = found else {
+            return Ok(Released::NotOwner);
+        };
+        if !orphan {
+            return Err(be(
+                name,
+                "etcd: the delete of this lock key is still in flight",
+            ));
+        }
+        let me = Arc::clone(self);
+        let attempt = self.driver.handle.spawn(async move {
+            let Some(job) = me.delete_job(&key) else {
+                return Ok(());
+            };
+            me.delete_once(&job).await?;
+            me.finish_delete(&key);
+            Ok(())
+        });
+        match attempt.await {
+            Ok(Ok(())) if held => Ok(Released::Freed),
+            Ok(Ok(())) => Ok(Released::NotOwner),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(be(name, e)),
+        }
+    }
+
+    /// Gives back `owner`'s hold. The key goes to the to-delete set and is deleted on the
+    /// driver thread (a caller's runtime that shuts down cannot cut the delete off); it is
+    /// forgotten only once the server confirmed it gone. A delete that is not confirmed is an
+    /// error (the reaper goes on with it), never `NotOwner`.
     async fn release(
         self: &Arc<Self>,
         name: &str,
@@ -848,63 +1234,30 @@ impl Inner {
         let hk = (name.to_string(), owner.to_string());
         let h = {
             let mut holds = self.holds();
-            let Some(h) = holds.get_mut(&hk) else {
-                return Ok(Released::NotOwner);
-            };
-            if h.held && h.count > 1 && !all {
-                h.count -= 1;
-                return Ok(Released::Decremented(h.count));
-            }
-            holds.remove(&hk).expect("present")
-        };
-        if let Some(w) = &h.watching {
-            w.task.abort();
-        }
-        let bound = self.bound(Duration::from_secs(h.lease.secs as u64));
-        let me = Arc::clone(self);
-        let key = h.key.clone();
-        let held = h.held && !h.lease.dead.load(Ordering::Acquire);
-        let lease = h.lease.clone();
-        let name_s = name.to_string();
-        let delete = async move {
-            let r = me.delete_own_key(&name_s, &key, bound).await;
-            {
-                let mut u = lease.users();
-                *u = u.saturating_sub(1);
-            }
-            // A waiter of this process that queued behind local waiters without a key of its
-            // own (the lock loop does not barge past them) watches nothing: wake one so it
-            // tries, rather than wait for the holder's ttl.
-            me.waiters.wake_one(&name_s);
-            r
-        };
-        if !held {
-            if h.rev == 0 {
-                self.delete_unconfirmed(name, &h.key, &h.lease, bound).await;
-                {
-                    let mut u = h.lease.users();
-                    *u = u.saturating_sub(1);
+            match holds.get_mut(&hk) {
+                None => None,
+                Some(h) if h.held && h.count > 1 && !all => {
+                    h.count -= 1;
+                    return Ok(Released::Decremented(h.count));
                 }
-                self.waiters.wake_one(name);
-            } else {
-                let _ = delete.await;
+                Some(_) => holds.remove(&hk),
             }
-            return Ok(Released::NotOwner);
+        };
+        let Some(h) = h else {
+            return self.release_again(name, owner).await;
+        };
+        let key = self.start_delete(h, name, owner);
+        let held = self.deleting().get(&key).is_some_and(|d| d.held);
+        if let Some(k) = keep_for.filter(|k| held && !k.is_zero()) {
+            // Stays taken for `k` (its lease kept alive meanwhile: it still counts as a user).
+            drop(self.delete_on_driver(key, Some(k)));
+            return Ok(Released::Freed);
         }
-        match keep_for {
-            Some(k) if !k.is_zero() => {
-                self.driver.handle.spawn(async move {
-                    tokio::time::sleep(k).await;
-                    if let Err(e) = delete.await {
-                        tracing::warn!(error = %e, "dlock: deleting an etcd lock key after keep_for failed; its lease ends it");
-                    }
-                });
-                Ok(Released::Freed)
-            }
-            _ => match delete.await? {
-                true => Ok(Released::Freed),
-                false => Ok(Released::NotOwner),
-            },
+        match self.delete_on_driver(key, None).await {
+            Ok(Ok(true)) if held => Ok(Released::Freed),
+            Ok(Ok(_)) => Ok(Released::NotOwner),
+            Ok(Err(e)) => Err(e),
+            Err(e) => Err(be(name, e)),
         }
     }
 
@@ -928,21 +1281,23 @@ impl Inner {
             return self.move_to_longer_lease(&hk, key, rev, lease, ttl).await;
         }
         let id = lease.id;
-        let keep = self.call(name, bound, |c| async move {
+        let ksent = Instant::now();
+        let keep = self.call_idem(name, bound, |c| async move {
             c.lease_client().keep_alive(id).await
         });
-        let get = self.call(name, bound, |mut c| {
+        let get = self.call_idem(name, bound, |mut c| {
             let k = key.clone();
             async move { c.get(k, None).await }
         });
         let (k, g) = tokio::join!(keep, get);
-        if let Err(LockError::Backend { source, .. }) = &k
-            && source.to_string().contains("lease not found")
+        if let Err(e) = &k
+            && lease_gone(e)
         {
-            lease.dead.store(true, Ordering::Release);
+            self.lease_ended(&lease);
             return Ok(Extended::Lost);
         }
         k?;
+        lease.confirm(ksent);
         let g = g?;
         if g.kvs().iter().any(|kv| kv.create_revision() == rev) {
             Ok(Extended::Extended)
@@ -1003,20 +1358,16 @@ impl Inner {
     }
 }
 
-/// Pause before retrying a request that could not be sent.
+/// First pause before retrying a request (doubled up to [`RETRY_PAUSE_MAX`]).
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+const RETRY_PAUSE_MAX: Duration = Duration::from_millis(200);
+
+/// The reaper's back-off: first retry after 50 ms, doubling up to 1 s.
+const REAP_FIRST: Duration = Duration::from_millis(50);
+const REAP_MAX: Duration = Duration::from_secs(1);
 
 /// True for an error that means the request never reached a server (no connection to the
 /// endpoint it was routed to), so sending it again is safe.
-/// A member that is down or a broken transport: the request may or may not have been applied.
-fn unavailable(e: &etcd::Error) -> bool {
-    match e {
-        etcd::Error::GRpcStatus(s) => i32::from(s.code()) == 14, // UNAVAILABLE
-        etcd::Error::TransportError(_) => true,
-        _ => false,
-    }
-}
-
 fn not_sent(e: &etcd::Error) -> bool {
     match e {
         etcd::Error::GRpcStatus(s) => {
@@ -1025,6 +1376,72 @@ fn not_sent(e: &etcd::Error) -> bool {
         }
         etcd::Error::TransportError(_) => true,
         _ => false,
+    }
+}
+
+/// True for an error after which the request is known not to have been applied: not sent, or
+/// refused by the server before it was proposed to the cluster.
+fn not_applied(e: &etcd::Error) -> bool {
+    if not_sent(e) {
+        return true;
+    }
+    match e {
+        etcd::Error::GRpcStatus(s) => [
+            "etcdserver: no leader",
+            "etcdserver: leader changed",
+            "etcdserver: too many requests",
+            "etcdserver: not capable",
+            "raft proposal dropped",
+        ]
+        .iter()
+        .any(|m| s.message().contains(m)),
+        _ => false,
+    }
+}
+
+/// True for an error worth retrying for an idempotent request: the transport, a member that is
+/// down or without a leader, a server-side timeout (outcome unknown).
+fn transient(e: &etcd::Error) -> bool {
+    if not_applied(e) {
+        return true;
+    }
+    match e {
+        // CANCELLED, UNKNOWN, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED, ABORTED, INTERNAL,
+        // UNAVAILABLE (not NOT_FOUND: "lease not found" is an answer).
+        etcd::Error::GRpcStatus(s) => [1, 2, 4, 8, 10, 13, 14].contains(&i32::from(s.code())),
+        etcd::Error::TransportError(_) | etcd::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// The server's answer that a lease is gone (revoked or expired), so are its keys.
+fn lease_gone(e: &LockError) -> bool {
+    matches!(e, LockError::Backend { source, .. } if source.to_string().contains("lease not found"))
+}
+
+/// The reaper of one orphan key (its first delete was not confirmed): retries the delete with
+/// back-off (50 ms doubling to 1 s) until the server confirms it gone or its lease ended. After
+/// each failure, the last resort: once the lease has no users left, revoke it. Holds only a weak
+/// reference: a dropped backend stops keeping its leases alive, which ends them.
+async fn reap(me: std::sync::Weak<Inner>, key: String) {
+    let mut backoff = REAP_FIRST;
+    loop {
+        tokio::time::sleep(backoff).await;
+        let Some(me) = me.upgrade() else {
+            return;
+        };
+        let Some(job) = me.delete_job(&key) else {
+            return;
+        };
+        let confirmed = match me.delete_once(&job).await {
+            Ok(_) => true,
+            Err(_) => me.revoke_if_unused(&job.name, &job.lease).await,
+        };
+        if confirmed {
+            me.finish_delete(&key);
+            return;
+        }
+        backoff = (backoff * 2).min(REAP_MAX);
     }
 }
 
@@ -1062,17 +1479,124 @@ async fn watch_predecessor(
     }
 }
 
+/// Puts the lease's sentinel key (see [`Inner::lease_sentinel`]) and watches it from right
+/// after the put. Its delete means the lease may have ended (revoked by an operator, expired):
+/// one `TimeToLive` read confirms it, and the lease is then ended here at once, so its holds
+/// hear `lost()` without waiting for the next renewal. Ends with the lease (or the backend).
+/// Best effort: without it, the keep-alive task and the renewals still find a dead lease.
+async fn watch_lease(me: std::sync::Weak<Inner>, lease: Arc<Lease>) {
+    let (key, client, bound) = {
+        let Some(me) = me.upgrade() else {
+            return;
+        };
+        let b = me.bound(Duration::from_secs(lease.secs as u64));
+        (me.lease_sentinel(lease.id), me.client.clone(), b)
+    };
+    let mut c = client.clone();
+    let put = tokio::time::timeout(
+        bound,
+        c.put(
+            key.clone(),
+            "",
+            Some(PutOptions::new().with_lease(lease.id)),
+        ),
+    )
+    .await;
+    let mut from = match put {
+        Ok(Ok(r)) => r.header().map_or(0, |h| h.revision()) + 1,
+        Ok(Err(e)) if e.to_string().contains("lease not found") => {
+            if let Some(me) = me.upgrade() {
+                me.lease_ended(&lease);
+            }
+            return;
+        }
+        _ => return,
+    };
+    let mut pause = REAP_FIRST;
+    loop {
+        let ended = tokio::select! {
+            _ = lease.lost.cancelled() => return,
+            r = sentinel_deleted(client.clone(), &key, &mut from, lease.id) => r,
+        };
+        match ended {
+            Some(true) => {
+                if let Some(me) = me.upgrade() {
+                    me.lease_ended(&lease);
+                    tracing::warn!(
+                        lease = lease.id,
+                        "dlock: etcd lease ended (revoked or expired); its locks are lost"
+                    );
+                }
+                return;
+            }
+            // Deleted, but the lease lives (an operator deleted the sentinel): no signal.
+            Some(false) => return,
+            // The watch broke (a member down or without a leader): watch again.
+            None => {
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(REAP_MAX);
+            }
+        }
+    }
+}
+
+/// Watches `key` from revision `from` until it is deleted: `Some(lease ended)` then (one
+/// `TimeToLive` read), `None` when the watch ended first. A compacted start revision moves
+/// `from` to the compaction point and answers from a read of the lease.
+async fn sentinel_deleted(mut c: etcd::Client, key: &str, from: &mut i64, id: i64) -> Option<bool> {
+    let opts = etcd::WatchOptions::new()
+        .with_start_revision(*from)
+        .with_filters([etcd::WatchFilterType::NoPut]);
+    let mut stream = c.watch(key, Some(opts)).await.ok()?;
+    let mut deleted = false;
+    while let Ok(Some(resp)) = stream.message().await {
+        if resp.compact_revision() > 0 {
+            // The delete may be in the compacted past: ask the lease itself, then watch on
+            // from the compaction point.
+            *from = resp.compact_revision();
+            return match c.lease_time_to_live(id, None).await {
+                Ok(r) if r.ttl() <= -1 => Some(true),
+                Err(e) if e.to_string().contains("lease not found") => Some(true),
+                _ => None,
+            };
+        }
+        if resp.canceled() {
+            return None;
+        }
+        if resp
+            .events()
+            .iter()
+            .any(|e| e.event_type() == etcd::EventType::Delete)
+        {
+            deleted = true;
+            break;
+        }
+    }
+    if !deleted {
+        return None;
+    }
+    match c.lease_time_to_live(id, None).await {
+        Ok(r) => Some(r.ttl() <= -1),
+        Err(e) if e.to_string().contains("lease not found") => Some(true),
+        Err(_) => None,
+    }
+}
+
 /// Keeps `lease` alive every third of its ttl while this backend lives and the lease has users;
 /// revokes it after one ttl without users. Marks it dead when the server says it is gone or no
 /// keep-alive was confirmed within its ttl.
-async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Instant) {
+async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>) {
     let ttl = Duration::from_secs(lease.secs as u64);
-    let mut confirmed_until = granted + ttl;
     let mut idle_since: Option<Instant> = None;
     let mut keeper: Option<(etcd::LeaseKeeper, etcd::LeaseKeepAliveStream)> = None;
-    let mark_dead = |me: &Inner| {
-        lease.dead.store(true, Ordering::Release);
-        me.leases().remove(&lease.id);
+    // `ended`: the server said so (its keys are gone too); otherwise not confirmed in time.
+    let mark_dead = |me: &Inner, ended: bool| {
+        if ended {
+            me.lease_ended(&lease);
+        } else {
+            lease.kill();
+            me.leases().remove(&lease.id);
+        }
         tracing::warn!(
             lease = lease.id,
             "dlock: etcd lease lost; its locks are lost"
@@ -1090,14 +1614,20 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
         let revoke = {
             let mut leases = me.leases();
             let users = *lease.users();
-            if users == 0 {
+            if users == 0 && lease.orphans.load(Ordering::Acquire) > 0 {
+                // Tainted and unused: retired (no more keep-alives, so the server ends it
+                // within its ttl); the reaper revokes it, which ends its orphans at once.
+                leases.remove(&lease.id);
+                lease.kill();
+                return;
+            } else if users == 0 {
                 let since = *idle_since.get_or_insert_with(Instant::now);
                 // Unused for one ttl: give it back (under the map lock, so no acquire picks it
                 // up meanwhile).
                 let idle = since.elapsed() >= ttl;
                 if idle {
                     leases.remove(&lease.id);
-                    lease.dead.store(true, Ordering::Release);
+                    lease.kill();
                 }
                 idle
             } else {
@@ -1131,19 +1661,20 @@ async fn keep_alive(me: std::sync::Weak<Inner>, lease: Arc<Lease>, granted: Inst
         })
         .await;
         match r {
-            Ok(Ok(t)) if t > 0 => confirmed_until = sent + ttl,
+            Ok(Ok(t)) if t > 0 => lease.confirm(sent),
             Ok(Ok(_)) => {
-                mark_dead(&me);
+                mark_dead(&me, true);
                 return;
             }
             Ok(Err(e)) if e.to_string().contains("lease not found") => {
-                mark_dead(&me);
+                mark_dead(&me, true);
                 return;
             }
             Ok(Err(_)) | Err(_) => keeper = None,
         }
-        if Instant::now() >= confirmed_until {
-            mark_dead(&me);
+        // Not confirmed within its ttl (by this task, a renewal or a grant's keep-alive).
+        if !lease.covers(Instant::now(), Duration::ZERO) {
+            mark_dead(&me, false);
             return;
         }
     }
@@ -1195,5 +1726,35 @@ impl Backend for EtcdBackend {
     /// hold's ttl.
     fn lease_expires_by_ttl(&self) -> bool {
         false
+    }
+
+    /// Fires when the lease under the hold is found dead: the server said so (a keep-alive, a
+    /// renewal, the lease's sentinel watch: revoked or expired), or no keep-alive was confirmed
+    /// within its ttl. A hold moved to a longer lease (a renewal with a longer ttl) follows it.
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let hk = (name.to_string(), owner.to_string());
+        let first = self
+            .inner
+            .holds()
+            .get(&hk)
+            .filter(|h| h.held)
+            .map(|h| h.lease.lost.clone())?;
+        let me = Arc::downgrade(&self.inner);
+        Some(Box::pin(async move {
+            let mut token = first;
+            loop {
+                token.cancelled().await;
+                let now = me
+                    .upgrade()
+                    .and_then(|me| me.holds().get(&hk).map(|h| h.lease.lost.clone()));
+                match now {
+                    // Still on a lease that ended.
+                    Some(t) if t.is_cancelled() => return,
+                    Some(t) => token = t,
+                    // Released (the guard no longer listens) or the backend is gone.
+                    None => return std::future::pending().await,
+                }
+            }
+        }))
     }
 }

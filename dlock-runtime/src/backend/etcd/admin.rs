@@ -66,7 +66,8 @@ fn map(what: &str, e: &etcd::Error, secret: Option<&str>) -> AdminError {
 enum KeyKind {
     /// A contender key of this lock name.
     Contender(String),
-    /// The backend's own bookkeeping (cancel markers under `<prefix>/.cancelled/`).
+    /// The backend's own bookkeeping (cancel markers under `<prefix>/.cancelled/`, lease
+    /// sentinels under `<prefix>/.leases/`).
     Internal,
     /// Anything else.
     Foreign,
@@ -85,7 +86,7 @@ fn kind_of(prefix: &str, key: &[u8]) -> KeyKind {
     else {
         return KeyKind::Foreign;
     };
-    if rest.starts_with(".cancelled/") {
+    if rest.starts_with(".cancelled/") || rest.starts_with(".leases/") {
         return KeyKind::Internal;
     }
     match rest.split_once('/') {
@@ -623,6 +624,7 @@ mod tests {
             KeyKind::Contender("order:42".into())
         );
         assert_eq!(k("/dlock/.cancelled/x/y"), KeyKind::Internal);
+        assert_eq!(k("/dlock/.leases/00000000000000ab"), KeyKind::Internal);
         for f in [
             "/dlock/x",
             "/dlock/x/",
