@@ -12,6 +12,7 @@
 //! cargo run --release --example torture -- --duration 10m              # the 10-minute run
 //! cargo run --release --example torture -- --engine redlock --secs 60  # Redlock over 3 nodes
 //! cargo run --release --features sentinel --example torture -- --engine sentinel --secs 60
+//! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
 //! ```
 //!
 //! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
@@ -22,12 +23,15 @@
 //!
 //! Options: `--workers K`, `--tasks T`, `--secs S` (time contending, after a 3 s start-up
 //! allowance), `--no-nemesis`, `--ttl-ms`, `--wait-ms`, `--body-us` (the random pause in the
-//! body), `--mode dlock|noexclude|norenew` (the latter two are deliberately broken locks for the
-//! checker's self-test), `--dir` (logs; default a fresh directory under the temp dir), `--seed`,
+//! body), `--mode dlock|noexclude|norenew|noreturn` (the latter three are deliberately broken
+//! locks for the checker's self-test; `noreturn` never gives a hold back, so the name is
+//! orphaned), `--give-back-ms` (the engine's stated give-back bound; the orphan check allows the
+//! larger of it and ttl + 2 s), `--dir` (logs; default a fresh directory under the temp dir), `--seed`,
 //! `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,
-//! or a panic.
+//! an orphan (the name held by nobody for longer than the give-back bound while workers wanted
+//! it, outside windows where the lock service was down), or a panic.
 //!
 //! `--zookeeper` (build with `--features zookeeper`): the lock lives on a private 3-server
 //! ZooKeeper ensemble (Debian's jars) instead of Redis; each worker's session timeout is the ttl;
@@ -85,16 +89,23 @@ fn main() {
             "--seed" => cfg.seed = num(&val()) as u64,
             "--quiet" => cfg.verbose = false,
             "--zookeeper" => cfg.zookeeper = true,
+            "--give-back-ms" => cfg.give_back_ms = num(&val()) as u64,
             "--check" => check_only = Some(PathBuf::from(val())),
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
     }
     let report = match check_only {
-        Some(dir) => checker::check_dir(&dir, cfg.ttl_ms * 1_000_000).unwrap_or_else(|e| {
-            eprintln!("torture: cannot read {}: {e}", dir.display());
-            std::process::exit(2)
-        }),
+        Some(dir) => {
+            let mut input = checker::load(&dir).unwrap_or_else(|e| {
+                eprintln!("torture: cannot read {}: {e}", dir.display());
+                std::process::exit(2)
+            });
+            if cfg.give_back_ms > 0 {
+                input.give_back_ns = cfg.give_back_ms * 1_000_000;
+            }
+            checker::analyse(input, cfg.ttl_ms * 1_000_000)
+        }
         None => {
             let exe = std::env::current_exe().expect("current_exe");
             let cmd = harness::WorkerCmd {
@@ -137,7 +148,19 @@ fn main() {
             o.overlap_ns as f64 / 1e6
         );
     }
-    if !report.fenced_safety_ok() {
+    for o in report.orphans.iter().take(10) {
+        println!(
+            "  orphan: nobody held the name for {:.1} s after {} ended ({}){}",
+            o.len_ns as f64 / 1e9,
+            o.after,
+            o.after_end,
+            match &o.next {
+                Some(n) => format!(", until {n} was granted"),
+                None => ", until the workers stopped asking".into(),
+            }
+        );
+    }
+    if !report.verdict_ok() {
         println!("VERDICT: violations found");
         std::process::exit(1);
     }
@@ -167,7 +190,7 @@ fn usage(msg: &str) -> ! {
     }
     eprintln!(
         "usage: torture [--engine redis|redlock|sentinel] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
-         [--body-us US] [--mode dlock|noexclude|norenew] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
+         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
 }

@@ -389,6 +389,10 @@ pub(crate) enum Mode {
     /// Broken on purpose: a 20 ms lease that is never renewed, used by a naive worker that
     /// ignores `lost()` and `is_valid()` and whose body outlasts the lease.
     NoRenew,
+    /// Broken on purpose: the give-back is disabled. The worker logs its release as done and
+    /// forgets the guard instead (`mem::forget`), so the watchdog keeps the hold alive on the
+    /// server for as long as the process lives: the orphan the checker must catch.
+    NoReturn,
 }
 
 impl Mode {
@@ -397,6 +401,7 @@ impl Mode {
             "dlock" => Some(Mode::Dlock),
             "noexclude" => Some(Mode::NoExclude),
             "norenew" => Some(Mode::NoRenew),
+            "noreturn" => Some(Mode::NoReturn),
             _ => None,
         }
     }
@@ -405,6 +410,7 @@ impl Mode {
             Mode::Dlock => "dlock",
             Mode::NoExclude => "noexclude",
             Mode::NoRenew => "norenew",
+            Mode::NoReturn => "noreturn",
         }
     }
 }
@@ -484,6 +490,7 @@ struct Ctx {
     body_us: u64,
     check: bool,
     seed: u64,
+    mode: Mode,
 }
 
 /// Worker process entry: reads its settings from the environment, runs the tasks until the
@@ -536,10 +543,10 @@ async fn worker(log: Arc<Log>) -> i32 {
     let backend: Arc<dyn Backend> = match mode {
         Mode::NoExclude => Arc::new(NoExclude::default()),
         #[cfg(feature = "zookeeper")]
-        Mode::Dlock | Mode::NoRenew if !zk_hosts.is_empty() => {
+        Mode::Dlock | Mode::NoRenew | Mode::NoReturn if !zk_hosts.is_empty() => {
             zkens::worker_backend(&zk_hosts, ttl, &log).await
         }
-        Mode::Dlock | Mode::NoRenew => {
+        Mode::Dlock | Mode::NoRenew | Mode::NoReturn => {
             assert!(
                 zk_hosts.is_empty(),
                 "ZooKeeper mode needs the `zookeeper` feature"
@@ -580,6 +587,7 @@ async fn worker(log: Arc<Log>) -> i32 {
         body_us: env_u64("TORTURE_BODY_US", 500),
         check: mode != Mode::NoRenew,
         seed: mono() ^ ((std::process::id() as u64) << 32),
+        mode,
     });
     let handles: Vec<_> = (0..tasks)
         .map(|t| tokio::spawn(task_loop(ctx.clone(), t)))
@@ -664,6 +672,12 @@ async fn task_loop(ctx: Arc<Ctx>, task: u64) {
         let t_rel = mono();
         let dl = deadline_of(&g);
         done.cancel();
+        if ctx.mode == Mode::NoReturn {
+            ctx.log.line(json!({"ev": "rel", "task": task, "seq": seq, "t_send": t_rel, "t_done": mono(), "rel": "ok", "dl": dl}));
+            std::mem::forget(g);
+            let _ = watcher.await;
+            continue;
+        }
         let rel = match g.release().await {
             Ok(()) => "ok",
             // The lease was gone: the guard knew it (Lost, at once) or the server said so.
@@ -796,6 +810,9 @@ pub(crate) struct RunCfg {
     /// Lock on a private 3-server ZooKeeper ensemble instead of Redis (feature `zookeeper`); the
     /// nemesis then kills ensemble members and pauses or kills holders.
     pub(crate) zookeeper: bool,
+    /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
+    /// orphan check uses the larger of the two.
+    pub(crate) give_back_ms: u64,
 }
 
 impl RunCfg {
@@ -815,6 +832,7 @@ impl RunCfg {
             seed: mono(),
             verbose: false,
             zookeeper: false,
+            give_back_ms: 0,
         }
     }
 }
@@ -1777,8 +1795,11 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
             .and_then(|r| r.as_i64())
             .unwrap_or(0)
     };
+    // `t_stop` (workers stop asking) and the give-back bound let the checker judge orphans,
+    // also when it re-checks these logs later.
     let resource = json!({"f_counter": get(F_COUNTER), "f_applied": len(F_LOG),
-        "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono()});
+        "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono(), "t_stop": end,
+        "give_back_ns": cfg.give_back_ms * 1_000_000});
     std::fs::write(cfg.dir.join("resource.json"), resource.to_string())?;
     let crashed = co.crashed;
     drop(co);
