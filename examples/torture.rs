@@ -12,6 +12,11 @@
 //! cargo run --release --example torture -- --duration 10m              # the 10-minute run
 //! cargo run --release --example torture -- --engine redlock --secs 60  # Redlock over 3 nodes
 //! cargo run --release --features sentinel --example torture -- --engine sentinel --secs 60
+//! cargo run --release --features etcd --example torture -- --engine etcd --secs 60
+//! cargo run --release --features postgres --example torture -- --engine postgres --secs 60
+//! cargo run --release --features postgres --example torture -- --engine pg-advisory --secs 60
+//! cargo run --release --features mysql --example torture -- --engine mysql --secs 60
+//! cargo run --release --features cluster --example torture -- --engine cluster --secs 60
 //! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
 //! ```
 //!
@@ -19,7 +24,17 @@
 //! restart, pause, sleep, proxy delay and blackhole), `redlock` (three independent nodes; faults:
 //! worker kill/stop, restart or kill a node, pause or sleep a node, restart a majority at once),
 //! `sentinel` (master, replica, three sentinels; feature `sentinel`; faults: worker kill/stop,
-//! `SENTINEL FAILOVER`, kill the master, pause or sleep the master).
+//! `SENTINEL FAILOVER`, kill the master, pause or sleep the master), `etcd` (a private 3-member
+//! cluster from `/usr/bin/etcd`; feature `etcd`; faults: worker kill/stop, kill the leader or a
+//! follower, SIGSTOP the leader or a follower, kill two members), `postgres` and `pg-advisory`
+//! (a private PostgreSQL, table and advisory-lock mode; feature `postgres`), `mysql` (a private
+//! MariaDB; feature `mysql`) (SQL faults: worker kill/stop, every worker session ended by the
+//! server (`pg_terminate_backend`, `KILL`), the server stopped for less than the ttl, a server
+//! restart), and `cluster` (three masters with a replica each; feature `cluster`; faults: worker
+//! kill/stop, `CLUSTER FAILOVER` on the lock master's replica, kill that master past the node
+//! timeout or restart it at once). Every run checks for orphans: every task asks again at
+//! once, so a stretch longer than ttl + 2 s (or `--give-back-ms`) in which nobody held the name,
+//! outside the windows of the lock service's own faults, is a verdict failure.
 //!
 //! Options: `--workers K`, `--tasks T`, `--secs S` (time contending, after a 3 s start-up
 //! allowance), `--no-nemesis`, `--ttl-ms`, `--wait-ms`, `--body-us` (the random pause in the
@@ -189,7 +204,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--engine redis|redlock|sentinel] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
          [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
