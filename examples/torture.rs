@@ -21,7 +21,8 @@
 //! ```
 //!
 //! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
-//! restart, pause, sleep, proxy delay and blackhole), `redlock` (three independent nodes; faults:
+//! restart, pause, sleep, proxy delay, blackhole, and hold: a partition whose held bytes are
+//! delivered 0–1 s after the heal, as TCP retransmission does), `redlock` (three independent nodes; faults:
 //! worker kill/stop, restart or kill a node, pause or sleep a node, restart a majority at once),
 //! `sentinel` (master, replica, three sentinels; feature `sentinel`; faults: worker kill/stop,
 //! `SENTINEL FAILOVER`, kill the master, pause or sleep the master), `etcd` (a private 3-member

@@ -1415,7 +1415,7 @@ impl Coordinator<'_> {
                 }
                 _ => unreachable!("a Store engine has a store"),
             }
-            match rng.range(0, 7) {
+            match rng.range(0, 8) {
                 0 => {
                     let (i, holder) = self.holder(rng);
                     let pid = self.slots[i].child.id();
@@ -1464,6 +1464,23 @@ impl Coordinator<'_> {
                     std::thread::sleep(Duration::from_millis(rng.range(1500, 2501)));
                     p.set_mode(proxy::Mode::Pass);
                     self.fault("proxy_blackhole", t, mono(), None, false, true);
+                }
+                7 => {
+                    // The late-delivery partition: workers' bytes to and from the lock server
+                    // are held (not dropped) for 1.5–2.5 s, then new connections work at once
+                    // and the held bytes arrive 0–1 s after the heal, each connection's later
+                    // bytes behind them (what TCP retransmission does). An acquire sent into
+                    // the partition and given up by its caller reaches the server after the
+                    // caller's give-back was sent on a new connection, unless the give-back is
+                    // ordered behind it. The window ends when the held bytes are delivered.
+                    let t = mono();
+                    let p = self.lock_proxy.as_ref().expect("engine Redis has a proxy");
+                    p.set_mode(proxy::Mode::Hold);
+                    std::thread::sleep(Duration::from_millis(rng.range(1500, 2501)));
+                    let late = Duration::from_millis(rng.range(0, 1001));
+                    p.heal_delivering_held_after(late);
+                    std::thread::sleep(late);
+                    self.fault("proxy_hold", t, mono(), None, false, true);
                 }
                 _ => {
                     let t = mono();
