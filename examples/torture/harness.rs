@@ -1550,6 +1550,13 @@ impl Coordinator<'_> {
                 for &v in &victims {
                     z.spawn(v)?;
                 }
+                // The window ends when the ensemble serves again (JVM start and an election
+                // take about 2 s after a majority restart), not when the processes are
+                // spawned: the slow-recovery and orphan figures start counting there.
+                let start = mono();
+                while z.leader().is_none() && mono() - start < 30_000_000_000 {
+                    std::thread::sleep(Duration::from_millis(50));
+                }
                 self.fault(kind, t, mono(), None, false, true);
             }
         }
