@@ -137,7 +137,11 @@ fn main() {
                 cfg.workers,
                 cfg.tasks,
                 cfg.mode.as_str(),
-                cfg.engine.as_str(),
+                if cfg.zookeeper {
+                    "zookeeper"
+                } else {
+                    cfg.engine.as_str()
+                },
                 cfg.nemesis,
                 r.elapsed.as_secs_f64(),
                 r.crashed,
