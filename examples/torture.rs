@@ -12,22 +12,42 @@
 //! cargo run --release --example torture -- --duration 10m              # the 10-minute run
 //! cargo run --release --example torture -- --engine redlock --secs 60  # Redlock over 3 nodes
 //! cargo run --release --features sentinel --example torture -- --engine sentinel --secs 60
+//! cargo run --release --features etcd --example torture -- --engine etcd --secs 60
+//! cargo run --release --features postgres --example torture -- --engine postgres --secs 60
+//! cargo run --release --features postgres --example torture -- --engine pg-advisory --secs 60
+//! cargo run --release --features mysql --example torture -- --engine mysql --secs 60
+//! cargo run --release --features cluster --example torture -- --engine cluster --secs 60
+//! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
 //! ```
 //!
 //! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
-//! restart, pause, sleep, proxy delay and blackhole), `redlock` (three independent nodes; faults:
+//! restart, pause, sleep, proxy delay, blackhole, and hold: a partition whose held bytes are
+//! delivered 0–1 s after the heal, as TCP retransmission does), `redlock` (three independent nodes; faults:
 //! worker kill/stop, restart or kill a node, pause or sleep a node, restart a majority at once),
 //! `sentinel` (master, replica, three sentinels; feature `sentinel`; faults: worker kill/stop,
-//! `SENTINEL FAILOVER`, kill the master, pause or sleep the master).
+//! `SENTINEL FAILOVER`, kill the master, pause or sleep the master), `etcd` (a private 3-member
+//! cluster from `/usr/bin/etcd`; feature `etcd`; faults: worker kill/stop, kill the leader or a
+//! follower, SIGSTOP the leader or a follower, kill two members), `postgres` and `pg-advisory`
+//! (a private PostgreSQL, table and advisory-lock mode; feature `postgres`), `mysql` (a private
+//! MariaDB; feature `mysql`) (SQL faults: worker kill/stop, every worker session ended by the
+//! server (`pg_terminate_backend`, `KILL`), the server stopped for less than the ttl, a server
+//! restart), and `cluster` (three masters with a replica each; feature `cluster`; faults: worker
+//! kill/stop, `CLUSTER FAILOVER` on the lock master's replica, kill that master past the node
+//! timeout or restart it at once). Every run checks for orphans: every task asks again at
+//! once, so a stretch longer than ttl + 2 s (or `--give-back-ms`) in which nobody held the name,
+//! outside the windows of the lock service's own faults, is a verdict failure.
 //!
 //! Options: `--workers K`, `--tasks T`, `--secs S` (time contending, after a 3 s start-up
 //! allowance), `--no-nemesis`, `--ttl-ms`, `--wait-ms`, `--body-us` (the random pause in the
-//! body), `--mode dlock|noexclude|norenew` (the latter two are deliberately broken locks for the
-//! checker's self-test), `--dir` (logs; default a fresh directory under the temp dir), `--seed`,
+//! body), `--mode dlock|noexclude|norenew|noreturn` (the latter three are deliberately broken
+//! locks for the checker's self-test; `noreturn` never gives a hold back, so the name is
+//! orphaned), `--give-back-ms` (the engine's stated give-back bound; the orphan check allows the
+//! larger of it and ttl + 2 s), `--dir` (logs; default a fresh directory under the temp dir), `--seed`,
 //! `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,
-//! or a panic.
+//! an orphan (the name held by nobody for longer than the give-back bound while workers wanted
+//! it, outside windows where the lock service was down), or a panic.
 //!
 //! `--zookeeper` (build with `--features zookeeper`): the lock lives on a private 3-server
 //! ZooKeeper ensemble (Debian's jars) instead of Redis; each worker's session timeout is the ttl;
@@ -85,16 +105,23 @@ fn main() {
             "--seed" => cfg.seed = num(&val()) as u64,
             "--quiet" => cfg.verbose = false,
             "--zookeeper" => cfg.zookeeper = true,
+            "--give-back-ms" => cfg.give_back_ms = num(&val()) as u64,
             "--check" => check_only = Some(PathBuf::from(val())),
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
         }
     }
     let report = match check_only {
-        Some(dir) => checker::check_dir(&dir, cfg.ttl_ms * 1_000_000).unwrap_or_else(|e| {
-            eprintln!("torture: cannot read {}: {e}", dir.display());
-            std::process::exit(2)
-        }),
+        Some(dir) => {
+            let mut input = checker::load(&dir).unwrap_or_else(|e| {
+                eprintln!("torture: cannot read {}: {e}", dir.display());
+                std::process::exit(2)
+            });
+            if cfg.give_back_ms > 0 {
+                input.give_back_ns = cfg.give_back_ms * 1_000_000;
+            }
+            checker::analyse(input, cfg.ttl_ms * 1_000_000)
+        }
         None => {
             let exe = std::env::current_exe().expect("current_exe");
             let cmd = harness::WorkerCmd {
@@ -110,7 +137,11 @@ fn main() {
                 cfg.workers,
                 cfg.tasks,
                 cfg.mode.as_str(),
-                cfg.engine.as_str(),
+                if cfg.zookeeper {
+                    "zookeeper"
+                } else {
+                    cfg.engine.as_str()
+                },
                 cfg.nemesis,
                 r.elapsed.as_secs_f64(),
                 r.crashed,
@@ -137,7 +168,19 @@ fn main() {
             o.overlap_ns as f64 / 1e6
         );
     }
-    if !report.fenced_safety_ok() {
+    for o in report.orphans.iter().take(10) {
+        println!(
+            "  orphan: nobody held the name for {:.1} s after {} ended ({}){}",
+            o.len_ns as f64 / 1e9,
+            o.after,
+            o.after_end,
+            match &o.next {
+                Some(n) => format!(", until {n} was granted"),
+                None => ", until the workers stopped asking".into(),
+            }
+        );
+    }
+    if !report.verdict_ok() {
         println!("VERDICT: violations found");
         std::process::exit(1);
     }
@@ -166,8 +209,8 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--engine redis|redlock|sentinel] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
-         [--body-us US] [--mode dlock|noexclude|norenew] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
+        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
 }

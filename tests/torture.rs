@@ -106,6 +106,7 @@ fn torture_short_run_with_nemesis() {
         rep.slow_recoveries, 0,
         "no acquisition within ttl + 2 s after a fault"
     );
+    assert!(rep.orphans.is_empty(), "orphans: {:?}", rep.orphans);
     // An unfenced write can only be caught by `is_valid()` just before it; a SIGSTOP between that
     // check and the write is the class-F case fencing exists for (RELIABILITY.md FM1). It is
     // reported, and every unfenced lost update must be explained by such an overlap.
@@ -142,6 +143,7 @@ fn torture_without_nemesis_has_no_overlap() {
     assert_eq!(rep.lease_violations + rep.lease_violations_in_state_loss, 0);
     assert_eq!(rep.lost_events, 0, "false lost events");
     assert_eq!(rep.releases_ok, rep.acquisitions);
+    assert!(rep.orphans.is_empty(), "orphans: {:?}", rep.orphans);
     assert_eq!((r.crashed, r.hung, rep.panics), (0, 0, 0));
     cleanup(&c.dir);
 }
@@ -377,4 +379,72 @@ fn checker_counts_lost_updates_from_the_server_log() {
     };
     let r = checker::analyse(input, 1000 * MS);
     assert_eq!((r.lost_updates_fenced, r.lost_updates_unfenced), (0, 2));
+}
+
+/// The orphan check: a stretch with no believed holder longer than ttl + 2 s is an orphan
+/// (here after a release that did not free the name: b came 4 s later); a killed holder's name
+/// free again within the bound is not; a stretch that lies in a store-fault window counts only
+/// from the fault's end; the stretch up to the end of the contention is judged too.
+#[test]
+fn checker_finds_orphans_outside_store_faults() {
+    let a = hold("a", 1, 10 * MS, 20 * MS, vec![]);
+    let b = hold("b", 2, 4020 * MS, 4030 * MS, vec![]);
+    let r = analyse(vec![a.clone(), b.clone()]);
+    assert_eq!(r.orphans.len(), 1, "{:?}", r.orphans);
+    assert_eq!(r.orphans[0].after, "a");
+    assert_eq!(r.orphans[0].next.as_deref(), Some("b"));
+    assert_eq!(r.orphans[0].len_ns, 4000 * MS);
+    assert!(!r.verdict_ok());
+    // Within ttl + 2 s (3 s): no orphan.
+    let mut c = b.clone();
+    c.t_ok = 2900 * MS;
+    assert!(analyse(vec![a.clone(), c]).orphans.is_empty());
+    // A later hold overlapping a covers the gap from its own end only.
+    let mut long = hold("long", 3, 15 * MS, 3000 * MS, vec![]);
+    long.t_send = 12 * MS;
+    assert!(analyse(vec![a.clone(), long, b.clone()]).orphans.is_empty());
+    // A redis restart from 500 ms to 2 s: the bound runs from 2 s, b at 4.02 s is in time.
+    let fault = |kind: &str| checker::Fault {
+        kind: kind.into(),
+        t_start: 500 * MS,
+        t_end: 2000 * MS,
+        pid: None,
+        state_loss: false,
+    };
+    let with = |f: checker::Fault, t_stop: u64, holds: Vec<Hold>| {
+        checker::analyse(
+            Input {
+                holds,
+                faults: vec![f],
+                t_stop,
+                ..Input::default()
+            },
+            1000 * MS,
+        )
+    };
+    let r = with(fault("restart_redis"), 0, vec![a.clone(), b.clone()]);
+    assert!(r.orphans.is_empty(), "{:?}", r.orphans);
+    // A worker fault is no excuse.
+    let r = with(fault("stop_holder"), 0, vec![a.clone(), b.clone()]);
+    assert_eq!(r.orphans.len(), 1);
+    // Nobody got the name after b until the workers stopped asking at 10 s.
+    let r = with(
+        fault("restart_redis"),
+        10_000 * MS,
+        vec![a.clone(), b.clone()],
+    );
+    assert_eq!(r.orphans.len(), 1, "{:?}", r.orphans);
+    assert_eq!(r.orphans[0].after, "b");
+    assert_eq!(r.orphans[0].next, None);
+    // A stated give-back bound larger than ttl + 2 s is used instead.
+    let r = checker::analyse(
+        Input {
+            holds: vec![a, b],
+            give_back_ns: 5000 * MS,
+            ..Input::default()
+        },
+        1000 * MS,
+    );
+    assert!(r.orphans.is_empty());
+    assert_eq!(r.orphan_bound_ns, 5000 * MS);
 }

@@ -1,7 +1,8 @@
 //! The torture checker (RELIABILITY.md §6.5): merges the JSON-lines logs of every worker process
 //! with the nemesis' fault log and the resource server's final state, and reports acquisitions,
 //! lost updates, overlapping holds (classified), lease-invariant violations, token-order
-//! violations and slow recoveries.
+//! violations, slow recoveries and orphans (the name held by nobody for longer than the
+//! give-back bound while workers wanted it).
 //!
 //! Shared by `examples/torture.rs` (the CLI) and `tests/torture.rs` (the short run and the
 //! checker's self-tests) through `#[path]`.
@@ -102,6 +103,37 @@ pub(crate) struct Fault {
     pub(crate) state_loss: bool,
 }
 
+/// Fault kinds that hit worker processes (or their sessions) while the lock service stayed up:
+/// a stretch with no holder after one of them is judged against the give-back bound like any
+/// other. Every other kind (a server or node killed, paused, partitioned, failed over) is a
+/// store-fault window, and the give-back bound only starts counting at its end.
+pub(crate) const WORKER_FAULTS: &[&str] = &["kill_holder", "stop_holder", "terminate_sessions"];
+
+impl Fault {
+    pub(crate) fn is_store_fault(&self) -> bool {
+        !WORKER_FAULTS.contains(&self.kind.as_str())
+    }
+}
+
+/// One orphan: from `t_start` (the last believed hold ended, or a store fault ended) to `t_end`
+/// (the next grant, or the end of the contention), no worker held the name.
+#[derive(Debug, Clone)]
+pub(crate) struct Orphan {
+    pub(crate) t_start: u64,
+    pub(crate) t_end: u64,
+    /// `t_end - t_start`: longer than the bound.
+    pub(crate) len_ns: u64,
+    /// The hold whose end began the stretch, and how it ended (`ok`, `not_owner`, `err`,
+    /// `lost`, `killed`).
+    pub(crate) after: String,
+    pub(crate) after_end: String,
+    /// The grant that ended it (`None`: nobody got the name before the workers stopped asking).
+    pub(crate) next: Option<String>,
+}
+
+/// The default give-back bound beyond the ttl: the slow-recovery figure's 2 s.
+pub(crate) const GIVE_BACK_SLACK_NS: u64 = 2_000_000_000;
+
 /// Final state of the resource server.
 #[derive(Debug, Clone, Copy, Default)]
 pub(crate) struct Resource {
@@ -167,6 +199,13 @@ pub(crate) struct Report {
     pub(crate) stale_on_arrival: usize,
     /// Faults after which no acquisition came within ttl + 2 s (while the run went on).
     pub(crate) slow_recoveries: usize,
+    /// Orphans: stretches longer than [`Report::orphan_bound_ns`] in which no worker believed it
+    /// held the name and no grant came, outside store-fault windows (see [`find_orphans`]).
+    pub(crate) orphans: Vec<Orphan>,
+    /// The give-back bound the orphans were judged against, ns.
+    pub(crate) orphan_bound_ns: u64,
+    /// The longest stretch judged by the orphan check (orphan or not), ns: the margin.
+    pub(crate) longest_unheld_ns: u64,
     /// Release outcomes.
     pub(crate) releases_ok: usize,
     pub(crate) releases_not_owner: usize,
@@ -192,6 +231,12 @@ impl Report {
             .map(|o| &o.stale)
             .collect::<HashSet<_>>()
             .len()
+    }
+
+    /// True when the safety checks pass ([`Report::fenced_safety_ok`]) and no name was orphaned:
+    /// the run's verdict.
+    pub(crate) fn verdict_ok(&self) -> bool {
+        self.fenced_safety_ok() && self.orphans.is_empty()
     }
 
     pub(crate) fn faults_of(&self, kind: &str) -> usize {
@@ -287,6 +332,13 @@ impl fmt::Display for Report {
             "slow recoveries       {} (no grant within ttl + 2 s of a fault's end)",
             self.slow_recoveries
         )?;
+        writeln!(
+            f,
+            "orphans               {} (held by nobody > {:.1} s outside store faults; longest stretch held by nobody {:.2} s)",
+            self.orphans.len(),
+            self.orphan_bound_ns as f64 / 1e9,
+            self.longest_unheld_ns as f64 / 1e9
+        )?;
         write!(f, "panics                {}", self.panics)
     }
 }
@@ -306,6 +358,12 @@ pub(crate) struct Input {
     pub(crate) panics: usize,
     pub(crate) lost_events: usize,
     pub(crate) run_end: u64,
+    /// When the workers stopped asking for the lock (0: unknown, e.g. old logs): the orphan
+    /// check also judges the stretch from the last hold's end to it.
+    pub(crate) t_stop: u64,
+    /// The engine's stated give-back bound, ns (0: the default, ttl + 2 s); the orphan check
+    /// uses the larger of it and ttl + 2 s.
+    pub(crate) give_back_ns: u64,
 }
 
 /// Reads a run directory: `w*.jsonl` (workers), `faults.jsonl`, `resource.json`.
@@ -332,6 +390,8 @@ pub(crate) fn load(dir: &Path) -> std::io::Result<Input> {
                 u_applied: u(&v, "u_applied").unwrap_or(0),
             };
             input.run_end = u(&v, "t_end").unwrap_or(0);
+            input.t_stop = u(&v, "t_stop").unwrap_or(0);
+            input.give_back_ns = u(&v, "give_back_ns").unwrap_or(0);
         } else if name.starts_with('w') && name.ends_with(".jsonl") {
             worker_logs.push((name.trim_end_matches(".jsonl").to_string(), text));
         }
@@ -616,8 +676,93 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
             r.slow_recoveries += 1;
         }
     }
+    r.orphan_bound_ns = (ttl_ns + GIVE_BACK_SLACK_NS).max(input.give_back_ns);
+    (r.orphans, r.longest_unheld_ns) = find_orphans(
+        holds,
+        &input.faults,
+        run_end,
+        input.t_stop,
+        r.orphan_bound_ns,
+    );
     r.faults = input.faults;
     r
+}
+
+/// The orphan check. Every task asks for the lock again as soon as its hold or its failed
+/// acquire ends, so from the first grant until the workers stop asking the name is always
+/// wanted. Walk the grants in time order keeping `cover`, the latest end of any believed hold
+/// granted so far: a grant after `cover` ends a stretch in which nobody believed they held the
+/// name. That stretch is an orphan when it lasts longer than `bound` after the later of
+/// `cover` and the end of every store fault that overlaps it (a server down, paused or
+/// partitioned, a failover: the lock service could not grant; the slow-recovery figure judges
+/// those). So it is the slow-recovery figure's grace (`ttl + 2 s`) applied to every hold's end,
+/// not only to a fault's end: a holder killed or stopped leaves the name free after its lease
+/// (`ttl`), a release frees it at once, and waiters learn of it within the 2 s. A name still
+/// held on the server by a process that believes it gave it back, or held by a session nobody
+/// uses, shows as such a stretch. The stretch from the last hold's end to `t_stop` is judged
+/// too when `t_stop` is known. Returns the orphans and the longest stretch judged.
+pub(crate) fn find_orphans(
+    holds: &[Hold],
+    faults: &[Fault],
+    run_end: u64,
+    t_stop: u64,
+    bound: u64,
+) -> (Vec<Orphan>, u64) {
+    let mut by_ok: Vec<&Hold> = holds.iter().collect();
+    by_ok.sort_by_key(|h| h.t_ok);
+    let mut out = Vec::new();
+    let mut longest = 0u64;
+    let mut cover: Option<(u64, &Hold)> = None;
+    let mut judge =
+        |from: u64, to: u64, after: &Hold, next: Option<&Hold>, out: &mut Vec<Orphan>| {
+            if to <= from {
+                return;
+            }
+            // The bound starts after the last store fault that overlaps the stretch.
+            let start = faults
+                .iter()
+                .filter(|f| f.is_store_fault() && f.t_start < to && f.t_end > from)
+                .map(|f| f.t_end)
+                .fold(from, u64::max);
+            longest = longest.max(to.saturating_sub(start));
+            if to > start && to - start > bound {
+                let after_end = if after.t_killed == Some(after.end(run_end)) {
+                    "killed".to_string()
+                } else if after
+                    .t_lost
+                    .is_some_and(|l| after.t_rel_send.is_none_or(|r| l < r))
+                {
+                    "lost".to_string()
+                } else {
+                    after.rel.clone().unwrap_or_else(|| "open".into())
+                };
+                out.push(Orphan {
+                    t_start: start,
+                    t_end: to,
+                    len_ns: to - start,
+                    after: after.id.clone(),
+                    after_end,
+                    next: next.map(|h| h.id.clone()),
+                });
+            }
+        };
+    for h in by_ok {
+        if let Some((c, prev)) = cover
+            && h.t_ok > c
+        {
+            judge(c, h.t_ok, prev, Some(h), &mut out);
+        }
+        let e = h.end(run_end);
+        if cover.is_none_or(|(c, _)| e > c) {
+            cover = Some((e, h));
+        }
+    }
+    if let Some((c, prev)) = cover
+        && t_stop > 0
+    {
+        judge(c, t_stop, prev, None, &mut out);
+    }
+    (out, longest)
 }
 
 /// Loads and analyses a run directory.

@@ -355,6 +355,16 @@ pub(crate) enum Engine {
     Redlock,
     /// A Sentinel-managed master with one replica and three sentinels (feature `sentinel`).
     Sentinel,
+    /// A private 3-member etcd cluster (feature `etcd`).
+    Etcd,
+    /// A private PostgreSQL server, table mode (feature `postgres`).
+    Postgres,
+    /// The same server, advisory-lock mode (feature `postgres`).
+    PgAdvisory,
+    /// A private MariaDB server (feature `mysql`).
+    Mysql,
+    /// A private Redis Cluster: three masters with a replica each (feature `cluster`).
+    Cluster,
 }
 
 impl Engine {
@@ -363,6 +373,11 @@ impl Engine {
             "redis" => Some(Engine::Redis),
             "redlock" => Some(Engine::Redlock),
             "sentinel" => Some(Engine::Sentinel),
+            "etcd" => Some(Engine::Etcd),
+            "postgres" => Some(Engine::Postgres),
+            "pg-advisory" => Some(Engine::PgAdvisory),
+            "mysql" => Some(Engine::Mysql),
+            "cluster" => Some(Engine::Cluster),
             _ => None,
         }
     }
@@ -372,9 +387,70 @@ impl Engine {
             Engine::Redis => "redis",
             Engine::Redlock => "redlock",
             Engine::Sentinel => "sentinel",
+            Engine::Etcd => "etcd",
+            Engine::Postgres => "postgres",
+            Engine::PgAdvisory => "pg-advisory",
+            Engine::Mysql => "mysql",
+            Engine::Cluster => "cluster",
         }
     }
+
+    /// The engines whose servers and faults live in a module of their own ([`Store`]).
+    fn has_store(self) -> bool {
+        !matches!(self, Engine::Redis | Engine::Redlock | Engine::Sentinel)
+    }
 }
+
+/// The lock servers of an engine that lives in a module of its own (etcd, the SQL engines,
+/// Redis Cluster): what workers connect to, and the engine's own faults.
+pub(crate) trait Store {
+    /// What workers pass to [`connect_engine`].
+    fn url(&self) -> String;
+    /// Injects one fault on the lock service and returns `(kind, t_start, state_loss)`; the
+    /// fault ends when this returns. Kinds in [`checker::WORKER_FAULTS`] hit the workers'
+    /// sessions, every other kind is a store-fault window.
+    fn fault(&mut self, rng: &mut Rng, ttl: Duration) -> io::Result<(&'static str, u64, bool)>;
+}
+
+/// Starts the servers of a [`Store`] engine.
+fn start_store(cfg: &RunCfg) -> io::Result<Box<dyn Store>> {
+    #[allow(unused_variables)]
+    let missing = |f: &str| -> io::Result<Box<dyn Store>> {
+        Err(io::Error::other(format!(
+            "engine {} needs `--features {f}`",
+            cfg.engine.as_str()
+        )))
+    };
+    match cfg.engine {
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => Ok(Box::new(etcd::EtcdSet::start(&cfg.dir)?)),
+        #[cfg(feature = "postgres")]
+        Engine::Postgres | Engine::PgAdvisory => Ok(Box::new(sql::PgServer::start(&cfg.dir)?)),
+        #[cfg(feature = "mysql")]
+        Engine::Mysql => Ok(Box::new(sql::MyServer::start(&cfg.dir)?)),
+        #[cfg(feature = "cluster")]
+        Engine::Cluster => Ok(Box::new(cluster::ClusterSet::start(&cfg.dir)?)),
+        #[cfg(not(feature = "etcd"))]
+        Engine::Etcd => missing("etcd"),
+        #[cfg(not(feature = "postgres"))]
+        Engine::Postgres | Engine::PgAdvisory => missing("postgres"),
+        #[cfg(not(feature = "mysql"))]
+        Engine::Mysql => missing("mysql"),
+        #[cfg(not(feature = "cluster"))]
+        Engine::Cluster => missing("cluster"),
+        Engine::Redis | Engine::Redlock | Engine::Sentinel => unreachable!("not a Store engine"),
+    }
+}
+
+#[cfg(feature = "cluster")]
+#[path = "cluster.rs"]
+mod cluster;
+#[cfg(feature = "etcd")]
+#[path = "etcd.rs"]
+mod etcd;
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[path = "sql.rs"]
+mod sql;
 
 /// The Sentinel master name of the torture's Sentinel set.
 const SENTINEL_MASTER: &str = "tortmaster";
@@ -389,6 +465,10 @@ pub(crate) enum Mode {
     /// Broken on purpose: a 20 ms lease that is never renewed, used by a naive worker that
     /// ignores `lost()` and `is_valid()` and whose body outlasts the lease.
     NoRenew,
+    /// Broken on purpose: the give-back is disabled. The worker logs its release as done and
+    /// forgets the guard instead (`mem::forget`), so the watchdog keeps the hold alive on the
+    /// server for as long as the process lives: the orphan the checker must catch.
+    NoReturn,
 }
 
 impl Mode {
@@ -397,6 +477,7 @@ impl Mode {
             "dlock" => Some(Mode::Dlock),
             "noexclude" => Some(Mode::NoExclude),
             "norenew" => Some(Mode::NoRenew),
+            "noreturn" => Some(Mode::NoReturn),
             _ => None,
         }
     }
@@ -405,6 +486,7 @@ impl Mode {
             Mode::Dlock => "dlock",
             Mode::NoExclude => "noexclude",
             Mode::NoRenew => "norenew",
+            Mode::NoReturn => "noreturn",
         }
     }
 }
@@ -484,6 +566,7 @@ struct Ctx {
     body_us: u64,
     check: bool,
     seed: u64,
+    mode: Mode,
 }
 
 /// Worker process entry: reads its settings from the environment, runs the tasks until the
@@ -536,10 +619,10 @@ async fn worker(log: Arc<Log>) -> i32 {
     let backend: Arc<dyn Backend> = match mode {
         Mode::NoExclude => Arc::new(NoExclude::default()),
         #[cfg(feature = "zookeeper")]
-        Mode::Dlock | Mode::NoRenew if !zk_hosts.is_empty() => {
+        Mode::Dlock | Mode::NoRenew | Mode::NoReturn if !zk_hosts.is_empty() => {
             zkens::worker_backend(&zk_hosts, ttl, &log).await
         }
-        Mode::Dlock | Mode::NoRenew => {
+        Mode::Dlock | Mode::NoRenew | Mode::NoReturn => {
             assert!(
                 zk_hosts.is_empty(),
                 "ZooKeeper mode needs the `zookeeper` feature"
@@ -580,6 +663,7 @@ async fn worker(log: Arc<Log>) -> i32 {
         body_us: env_u64("TORTURE_BODY_US", 500),
         check: mode != Mode::NoRenew,
         seed: mono() ^ ((std::process::id() as u64) << 32),
+        mode,
     });
     let handles: Vec<_> = (0..tasks)
         .map(|t| tokio::spawn(task_loop(ctx.clone(), t)))
@@ -608,8 +692,44 @@ async fn connect_engine(engine: Engine, urls: &str) -> Result<Arc<dyn Backend>, 
                 "the Sentinel engine needs the `sentinel` feature".into(),
             ));
         }
+        #[cfg(feature = "etcd")]
+        Engine::Etcd => Arc::new(dlock::EtcdBackend::builder(&list).build().await?),
+        #[cfg(feature = "postgres")]
+        Engine::Postgres => Arc::new(
+            dlock::PostgresBackend::builder(urls)
+                .table(SQL_TABLE)
+                .connect()
+                .await?,
+        ),
+        #[cfg(feature = "postgres")]
+        Engine::PgAdvisory => Arc::new(
+            dlock::PostgresBackend::builder(urls)
+                .table(SQL_TABLE)
+                .advisory(true)
+                .connect()
+                .await?,
+        ),
+        #[cfg(feature = "mysql")]
+        Engine::Mysql => Arc::new(
+            dlock::MysqlBackend::builder(urls)
+                .table(SQL_TABLE)
+                .connect()
+                .await?,
+        ),
+        #[cfg(feature = "cluster")]
+        Engine::Cluster => Arc::new(dlock::ClusterBackend::connect(list).await?),
+        #[allow(unreachable_patterns)]
+        other => {
+            return Err(LockError::Config(format!(
+                "engine {} is not built in (see its feature)",
+                other.as_str()
+            )));
+        }
     })
 }
+
+/// The lock table of the SQL engines.
+const SQL_TABLE: &str = "dlock_torture";
 
 /// The guard's deadline on the `mono()` clock, or `None` once it has passed. A passed deadline
 /// lies somewhere before now, and `now + 0` would log it too late: a worker stopped between its
@@ -664,6 +784,12 @@ async fn task_loop(ctx: Arc<Ctx>, task: u64) {
         let t_rel = mono();
         let dl = deadline_of(&g);
         done.cancel();
+        if ctx.mode == Mode::NoReturn {
+            ctx.log.line(json!({"ev": "rel", "task": task, "seq": seq, "t_send": t_rel, "t_done": mono(), "rel": "ok", "dl": dl}));
+            std::mem::forget(g);
+            let _ = watcher.await;
+            continue;
+        }
         let rel = match g.release().await {
             Ok(()) => "ok",
             // The lease was gone: the guard knew it (Lost, at once) or the server said so.
@@ -796,6 +922,9 @@ pub(crate) struct RunCfg {
     /// Lock on a private 3-server ZooKeeper ensemble instead of Redis (feature `zookeeper`); the
     /// nemesis then kills ensemble members and pauses or kills holders.
     pub(crate) zookeeper: bool,
+    /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
+    /// orphan check uses the larger of the two.
+    pub(crate) give_back_ms: u64,
 }
 
 impl RunCfg {
@@ -815,6 +944,7 @@ impl RunCfg {
             seed: mono(),
             verbose: false,
             zookeeper: false,
+            give_back_ms: 0,
         }
     }
 }
@@ -855,6 +985,8 @@ struct Coordinator<'a> {
     crashed: usize,
     #[cfg(feature = "zookeeper")]
     zk: Option<zkens::Ensemble>,
+    /// The servers of a [`Store`] engine.
+    store: Option<Box<dyn Store>>,
 }
 
 impl Coordinator<'_> {
@@ -976,6 +1108,12 @@ impl Coordinator<'_> {
             }
             return (rng.range(0, self.slots.len() as u64) as usize, false);
         }
+        if self.store.is_some() {
+            return match self.holder_from_logs() {
+                Some(i) => (i, true),
+                None => (rng.range(0, self.slots.len() as u64) as usize, false),
+            };
+        }
         for _ in 0..40 {
             for node in &self.nodes {
                 let Ok(r) = node.cmd(&["HKEYS", LOCK_HASH]) else {
@@ -991,6 +1129,61 @@ impl Coordinator<'_> {
             std::thread::sleep(Duration::from_millis(5));
         }
         (rng.range(0, self.slots.len() as u64) as usize, false)
+    }
+
+    /// The slot whose worker's log shows a grant with no release or lost event after it (the
+    /// [`Store`] engines, whose servers the coordinator does not query).
+    fn holder_from_logs(&self) -> Option<usize> {
+        for _ in 0..40 {
+            for (i, s) in self.slots.iter().enumerate() {
+                let path = self
+                    .cfg
+                    .dir
+                    .join(format!("w{:02}-g{:03}.jsonl", s.idx, s.generation));
+                let Ok(text) = std::fs::read_to_string(path) else {
+                    continue;
+                };
+                let mut open = std::collections::HashMap::new();
+                for v in text
+                    .lines()
+                    .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+                {
+                    let (Some(task), Some(seq)) = (v["task"].as_u64(), v["seq"].as_u64()) else {
+                        continue;
+                    };
+                    match v["ev"].as_str() {
+                        Some("acq") => {
+                            open.insert(task, seq);
+                        }
+                        Some("rel" | "lost") if open.get(&task) == Some(&seq) => {
+                            open.remove(&task);
+                        }
+                        _ => {}
+                    }
+                }
+                if !open.is_empty() {
+                    return Some(i);
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        None
+    }
+
+    /// The faults of a [`Store`] engine: worker kill or stop (a third of the faults), or one of
+    /// the store's own.
+    fn store_fault(&mut self, rng: &mut Rng) -> io::Result<()> {
+        match rng.range(0, 6) {
+            0 => self.worker_fault(rng, true),
+            1 => self.worker_fault(rng, false),
+            _ => {
+                let ttl = Duration::from_millis(self.cfg.ttl_ms);
+                let store = self.store.as_mut().expect("a Store engine");
+                let (kind, t, state_loss) = store.fault(rng, ttl)?;
+                self.fault(kind, t, mono(), None, state_loss, true);
+                Ok(())
+            }
+        }
     }
 
     /// Reaps workers that died on their own, and respawns them while the run goes on.
@@ -1203,6 +1396,11 @@ impl Coordinator<'_> {
                 next = t0 + rng.range(2_000, 3_501) * 1_000_000;
                 continue;
             }
+            if self.store.is_some() {
+                self.store_fault(rng)?;
+                next = t0 + rng.range(2_000, 3_501) * 1_000_000;
+                continue;
+            }
             match self.cfg.engine {
                 Engine::Redis => {}
                 Engine::Redlock => {
@@ -1215,8 +1413,9 @@ impl Coordinator<'_> {
                     next = t0 + rng.range(2_000, 3_501) * 1_000_000;
                     continue;
                 }
+                _ => unreachable!("a Store engine has a store"),
             }
-            match rng.range(0, 7) {
+            match rng.range(0, 8) {
                 0 => {
                     let (i, holder) = self.holder(rng);
                     let pid = self.slots[i].child.id();
@@ -1265,6 +1464,23 @@ impl Coordinator<'_> {
                     std::thread::sleep(Duration::from_millis(rng.range(1500, 2501)));
                     p.set_mode(proxy::Mode::Pass);
                     self.fault("proxy_blackhole", t, mono(), None, false, true);
+                }
+                7 => {
+                    // The late-delivery partition: workers' bytes to and from the lock server
+                    // are held (not dropped) for 1.5–2.5 s, then new connections work at once
+                    // and the held bytes arrive 0–1 s after the heal, each connection's later
+                    // bytes behind them (what TCP retransmission does). An acquire sent into
+                    // the partition and given up by its caller reaches the server after the
+                    // caller's give-back was sent on a new connection, unless the give-back is
+                    // ordered behind it. The window ends when the held bytes are delivered.
+                    let t = mono();
+                    let p = self.lock_proxy.as_ref().expect("engine Redis has a proxy");
+                    p.set_mode(proxy::Mode::Hold);
+                    std::thread::sleep(Duration::from_millis(rng.range(1500, 2501)));
+                    let late = Duration::from_millis(rng.range(0, 1001));
+                    p.heal_delivering_held_after(late);
+                    std::thread::sleep(late);
+                    self.fault("proxy_hold", t, mono(), None, false, true);
                 }
                 _ => {
                     let t = mono();
@@ -1333,6 +1549,13 @@ impl Coordinator<'_> {
                 std::thread::sleep(Duration::from_millis(rng.range(1500, 3001)));
                 for &v in &victims {
                     z.spawn(v)?;
+                }
+                // The window ends when the ensemble serves again (JVM start and an election
+                // take about 2 s after a majority restart), not when the processes are
+                // spawned: the slow-recovery and orphan figures start counting there.
+                let start = mono();
+                while z.leader().is_none() && mono() - start < 30_000_000_000 {
+                    std::thread::sleep(Duration::from_millis(50));
                 }
                 self.fault(kind, t, mono(), None, false, true);
             }
@@ -1608,6 +1831,10 @@ type Engineset = (
 /// Starts the lock servers of `cfg.engine` and says what workers connect to.
 fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
     Ok(match cfg.engine {
+        // Started by `start_store`.
+        Engine::Etcd | Engine::Postgres | Engine::PgAdvisory | Engine::Mysql | Engine::Cluster => {
+            (Vec::new(), Vec::new(), None, String::new())
+        }
         Engine::Redis => {
             let srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
             let proxy = proxy::Proxy::start(srv.port);
@@ -1682,7 +1909,15 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
             std::fs::remove_file(p)?;
         }
     }
-    let (nodes, sentinels, lock_proxy, lock_url) = start_engine(cfg)?;
+    let (nodes, sentinels, lock_proxy, mut lock_url) = start_engine(cfg)?;
+    // Formed before the clock starts, like the ZooKeeper ensemble.
+    let store = if cfg.engine.has_store() {
+        let s = start_store(cfg)?;
+        lock_url = s.url();
+        Some(s)
+    } else {
+        None
+    };
     let res_srv = RedisServer::start(&cfg.dir.join("redis-resource"))?;
     #[cfg(feature = "zookeeper")]
     let zk = if cfg.zookeeper {
@@ -1709,6 +1944,7 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
         crashed: 0,
         #[cfg(feature = "zookeeper")]
         zk,
+        store,
     };
     #[cfg(not(feature = "zookeeper"))]
     if cfg.zookeeper {
@@ -1777,8 +2013,11 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
             .and_then(|r| r.as_i64())
             .unwrap_or(0)
     };
+    // `t_stop` (workers stop asking) and the give-back bound let the checker judge orphans,
+    // also when it re-checks these logs later.
     let resource = json!({"f_counter": get(F_COUNTER), "f_applied": len(F_LOG),
-        "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono()});
+        "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono(), "t_stop": end,
+        "give_back_ns": cfg.give_back_ms * 1_000_000});
     std::fs::write(cfg.dir.join("resource.json"), resource.to_string())?;
     let crashed = co.crashed;
     drop(co);
