@@ -8,6 +8,12 @@
 //!   dropped bytes is closed when the mode leaves `Blackhole` (its stream has a hole, as a TCP
 //!   session that outlived its retransmission timeout would be dead).
 //! * `Reset` — every open connection is closed and new ones are accepted and closed at once.
+//! * `Hold` — bytes in both directions are held, not dropped: sockets stay open and every byte
+//!   read is kept, in order, for later delivery (what TCP retransmission does during a
+//!   partition). [`Proxy::heal_delivering_held_after`] ends it: new bytes pass at once on new
+//!   connections, and the held bytes are delivered `d` later, each connection's later bytes
+//!   behind them; `set_mode` away from `Hold` delivers them at once. New connections are
+//!   closed at once during a `Hold` (none can be set up across a partition).
 //!
 //! [`Proxy::heal_leaving_dead`] leaves `Blackhole` without closing the connections that dropped
 //! bytes: they stay open and keep dropping everything (a TCP session that died silently: NAT
@@ -38,6 +44,8 @@ pub enum Mode {
     /// Requests pass, replies are dropped (a reply lost after the server acted). Leaving this
     /// mode closes the connections that dropped bytes, as leaving `Blackhole` does.
     DropReplies,
+    /// Bytes in both directions are kept and delivered when the hold ends (see the header).
+    Hold,
 }
 
 struct Conn {
@@ -50,6 +58,10 @@ struct Conn {
 struct State {
     mode: Mutex<Mode>,
     conns: Mutex<Vec<Conn>>,
+    /// Bumped when a `Hold` starts; held bytes carry the number of their hold.
+    hold: std::sync::atomic::AtomicU64,
+    /// The last hold that ended, and when its bytes are delivered.
+    flushed: tokio::sync::watch::Sender<(u64, Instant)>,
 }
 
 impl State {
@@ -85,6 +97,8 @@ impl Proxy {
         let state = Arc::new(State {
             mode: Mutex::new(Mode::Pass),
             conns: Mutex::new(Vec::new()),
+            hold: std::sync::atomic::AtomicU64::new(0),
+            flushed: tokio::sync::watch::Sender::new((0, Instant::now())),
         });
         let (stop_tx, stop_rx) = oneshot::channel();
         let st = state.clone();
@@ -131,7 +145,14 @@ impl Proxy {
     /// Switches the mode; takes effect for the next bytes read. `Reset` closes every connection;
     /// leaving `Blackhole` closes the connections that dropped bytes.
     pub fn set_mode(&self, mode: Mode) {
+        if mode == Mode::Hold {
+            // Numbered before the mode changes: every byte held carries this hold's number.
+            self.state.hold.fetch_add(1, Ordering::SeqCst);
+        }
         let old = std::mem::replace(&mut *self.state.mode.lock().unwrap(), mode);
+        if old == Mode::Hold && mode != Mode::Hold {
+            self.flush_held_at(Instant::now());
+        }
         let mut conns = self.state.conns.lock().unwrap();
         if mode == Mode::Reset {
             for c in conns.drain(..) {
@@ -148,6 +169,21 @@ impl Proxy {
             });
         }
         conns.retain(|c| c.tasks.iter().any(|t| !t.is_finished()));
+    }
+
+    /// Ends a `Hold`: switches to `Pass` at once (new connections work now), and delivers the
+    /// bytes held during the hold `d` from now, each connection's later bytes queued behind
+    /// them: a request sent during a partition reaches the server late, after the heal, as TCP
+    /// retransmission delivers it.
+    pub fn heal_delivering_held_after(&self, d: Duration) {
+        let old = std::mem::replace(&mut *self.state.mode.lock().unwrap(), Mode::Pass);
+        assert_eq!(old, Mode::Hold, "heal_delivering_held_after outside a Hold");
+        self.flush_held_at(Instant::now() + d);
+    }
+
+    fn flush_held_at(&self, at: Instant) {
+        let hold = self.state.hold.load(Ordering::SeqCst);
+        self.state.flushed.send_replace((hold, at));
     }
 
     /// Switches to `Pass`, but the connections that dropped bytes during a `Blackhole` stay
@@ -179,7 +215,8 @@ async fn accept_loop(listener: TcpListener, upstream: SocketAddr, state: Arc<Sta
         let Ok((client, _)) = listener.accept().await else {
             continue;
         };
-        if state.mode() == Mode::Reset {
+        if matches!(state.mode(), Mode::Reset | Mode::Hold) {
+            // During a `Hold` (a partition), a new connection cannot be set up either.
             drop(client);
             continue;
         }
@@ -213,9 +250,18 @@ fn pump(
     is_reply: bool,
 ) -> AbortHandle {
     let handle = tokio::spawn(async move {
-        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Vec<u8>)>();
+        // A chunk held during hold number `h` carries `Some(h)` and waits for that hold's end.
+        let (tx, mut rx) = mpsc::unbounded_channel::<(Instant, Option<u64>, Vec<u8>)>();
+        let mut flushed = state.flushed.subscribe();
         let writer = async move {
-            while let Some((at, bytes)) = rx.recv().await {
+            while let Some((at, held, bytes)) = rx.recv().await {
+                if let Some(h) = held {
+                    let end = match flushed.wait_for(|(f, _)| *f >= h).await {
+                        Ok(v) => v.1,
+                        Err(_) => break,
+                    };
+                    tokio::time::sleep_until(end).await;
+                }
                 tokio::time::sleep_until(at).await;
                 if to.write_all(&bytes).await.is_err() {
                     break;
@@ -232,7 +278,12 @@ fn pump(
                 if dead.load(Ordering::SeqCst) {
                     continue;
                 }
+                let mut held = None;
                 let at = match state.mode() {
+                    Mode::Hold => {
+                        held = Some(state.hold.load(Ordering::SeqCst));
+                        Instant::now()
+                    }
                     Mode::Pass => Instant::now(),
                     Mode::Delay(d) if is_reply => Instant::now() + d,
                     Mode::Delay(_) => Instant::now(),
@@ -242,7 +293,7 @@ fn pump(
                         continue;
                     }
                 };
-                if tx.send((at, buf[..n].to_vec())).is_err() {
+                if tx.send((at, held, buf[..n].to_vec())).is_err() {
                     break;
                 }
             }
