@@ -628,3 +628,73 @@ async fn two_processes_exclusion_non_atomic_counter_exact_tokens_increase() {
     }
     assert!(started.elapsed() < Duration::from_secs(90));
 }
+
+/// Review finding #4 on Redlock: a try whose requests are held in a partition on every node and
+/// delivered late after the heal (TCP retransmission) must not leave orphans for its ttl. Each
+/// node's give-back goes on the connection the node's try used, behind it (waiting for the
+/// node's task only is not enough: the task ends at its response timeout, long before the
+/// server runs the held request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_heal() {
+    use common::proxy::{Mode, Proxy};
+    let servers = nodes(3).await;
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
+    let via: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .map_nodes(|b| b.response_timeout(Duration::from_millis(500)))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    // Data connections through the proxies first.
+    Lock::new("rl-late")
+        .with_backend(via.clone())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let fence = dlock::redis_keys("rl-late").fence;
+    for s in &servers {
+        let _: () = redis::cmd("DEL").arg(&fence).query(&mut s.admin()).unwrap();
+    }
+    proxies.iter().for_each(|p| p.set_mode(Mode::Hold));
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        Lock::new("rl-late")
+            .with_backend(via.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await
+    .expect("the try is bounded");
+    assert!(r.is_err(), "acquired through a partition: {r:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxies
+        .iter()
+        .for_each(|p| p.heal_delivering_held_after(Duration::from_millis(1500)));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let ran = servers
+        .iter()
+        .filter(|s| {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(&fence)
+                .query(&mut s.admin())
+                .unwrap();
+            n == 1
+        })
+        .count();
+    assert_eq!(
+        ran, 3,
+        "the held tries did not all reach their nodes (the test proves nothing)"
+    );
+    let left = nodes_with_lock(&servers, "rl-late").await;
+    let r = Lock::new("rl-late").with_backend(direct).acquire().await;
+    match r {
+        Ok(g) => g.release().await.unwrap(),
+        Err(e) => panic!("the late tries left orphans on nodes {left:?}: {e:?}"),
+    }
+    assert!(left.is_empty(), "orphans on nodes {left:?}");
+}

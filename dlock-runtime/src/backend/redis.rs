@@ -3,7 +3,7 @@
 //!
 //! See [`RedisBackend`] for how connections follow runtimes and how waiting works.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -154,6 +154,7 @@ impl RedisBackendBuilder {
                 conns: Mutex::new(Vec::new()),
                 refusing: AtomicBool::new(false),
                 refusal: Mutex::new(Refusal::default()),
+                pins: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -201,7 +202,33 @@ struct Inner {
     /// Set while the server refuses SUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
     refusing: AtomicBool,
     refusal: Mutex<Refusal>,
+    /// Acquire calls whose reply was not read (see [`Pin`]), by (lock name, owner).
+    pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
 }
+
+/// The connection an acquire call went on when its reply was not read (a response timeout, a
+/// dropped connection, a dropped future): the call may still run on the server, late (a
+/// request held in TCP retransmission during a partition is delivered after the heal). Every
+/// release of that owner on that name is sent on this same connection, behind the call, so it
+/// takes effect after it whatever the transport does; the connection is kept open for that
+/// (a response timeout replaces the runtime's data connection for new calls, not this one).
+///
+/// A release answered on the connection settles every call pinned to it (a connection
+/// delivers and answers in order) and removes the pin. A connection that reports an error is
+/// reconnected by its manager: the calls on the broken socket can no longer arrive, and the
+/// release then goes on the new socket. A pin nothing settles (a connection that died
+/// silently, no release ever sent) is dropped after [`PIN_FORGET_AFTER`], by when TCP has
+/// given up retransmitting on it.
+struct Pin {
+    con: ConnectionManager,
+    runtime: tokio::runtime::Id,
+    generation: u64,
+    since: Instant,
+}
+
+/// How long an unsettled [`Pin`] is kept: past Linux's default TCP retransmission give-up
+/// (`tcp_retries2` = 15, about 15 minutes), after which its call can no longer arrive.
+const PIN_FORGET_AFTER: Duration = Duration::from_secs(30 * 60);
 
 /// Back-off state of a refused SUBSCRIBE (an ACL without channel permission, a server without
 /// RESP3). Until `until`, waiters use the holder's lease as their timer without asking; then the
@@ -249,14 +276,62 @@ struct DataConn<'a> {
     generation: u64,
     runtime: tokio::runtime::Id,
     backend: &'a RedisBackend,
+    /// Set by an acquire: a timeout does not replace the connection here; the acquire pins
+    /// its call to the connection first (see [`Pin`]) and then replaces it.
+    defer_replace: bool,
 }
 
 impl DataConn<'_> {
     fn after<T>(&self, r: &redis::RedisResult<T>) {
-        if let Err(e) = r
+        if !self.defer_replace
+            && let Err(e) = r
             && e.is_timeout()
         {
             self.backend.replace_data(self.runtime, self.generation);
+        }
+    }
+}
+
+/// Armed while an acquire call's reply is unread: dropped armed (an error, or the call's
+/// future dropped), it pins the call to its connection (see [`Pin`]).
+struct PinOnDrop<'a> {
+    backend: &'a RedisBackend,
+    name: &'a str,
+    owner: &'a str,
+    con: Option<(ConnectionManager, tokio::runtime::Id, u64)>,
+}
+
+impl Drop for PinOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some((con, runtime, generation)) = self.con.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut pins = self
+            .backend
+            .inner
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        pins.retain(|_, v| {
+            v.retain(|p| now.duration_since(p.since) < PIN_FORGET_AFTER);
+            !v.is_empty()
+        });
+        let v = pins
+            .entry((self.name.to_string(), self.owner.to_string()))
+            .or_default();
+        if let Some(p) = v
+            .iter_mut()
+            .find(|p| p.runtime == runtime && p.generation == generation)
+        {
+            p.since = now;
+        } else {
+            v.push(Pin {
+                con,
+                runtime,
+                generation,
+                since: now,
+            });
         }
     }
 }
@@ -644,6 +719,7 @@ impl RedisBackend {
                 generation: c.data_gen,
                 runtime: id,
                 backend: self,
+                defer_replace: false,
             };
             return Ok((data, c.sub.clone()));
         }
@@ -677,8 +753,37 @@ impl RedisBackend {
             generation: 0,
             runtime: id,
             backend: self,
+            defer_replace: false,
         };
         Ok((data, sub))
+    }
+
+    /// The connections of `owner`'s unanswered acquire calls on `name`, oldest first (see [`Pin`]).
+    fn pinned(&self, name: &str, owner: &str) -> Vec<(tokio::runtime::Id, u64, ConnectionManager)> {
+        let pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if pins.is_empty() {
+            return Vec::new();
+        }
+        pins.get(&(name.to_string(), owner.to_string()))
+            .map(|v| {
+                v.iter()
+                    .map(|p| (p.runtime, p.generation, p.con.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A release of `owner` on `name` was answered on the pinned connection (`runtime`,
+    /// `generation`): every call pinned to it ran before, so the pin goes.
+    fn settle(&self, name: &str, owner: &str, runtime: tokio::runtime::Id, generation: u64) {
+        let mut pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (name.to_string(), owner.to_string());
+        if let Some(v) = pins.get_mut(&key) {
+            v.retain(|p| !(p.runtime == runtime && p.generation == generation));
+            if v.is_empty() {
+                pins.remove(&key);
+            }
+        }
     }
 
     /// Replaces the data connection of `runtime` after a call on generation `generation` timed out
@@ -847,6 +952,13 @@ impl Backend for RedisBackend {
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
+            con.defer_replace = true;
+            let mut pin = PinOnDrop {
+                backend: self,
+                name,
+                owner,
+                con: Some((con.con.clone(), con.runtime, con.generation)),
+            };
             let lock = key::lock_key(name);
             let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
             let mut cmd =
@@ -856,9 +968,20 @@ impl Backend for RedisBackend {
                 .arg(owner)
                 .arg(ms(ttl))
                 .arg(ms(ttl + FENCE_GRACE));
-            let r: Value = scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
-                .await
-                .map_err(|e| map_err(name, e))?;
+            let r: redis::RedisResult<Value> =
+                scripts::run(&scripts::ACQUIRE, &cmd, &mut con).await;
+            match &r {
+                Ok(_) => pin.con = None,
+                Err(e) => {
+                    // Pinned first, so that no release of this owner can take the new
+                    // connection before the pin exists.
+                    drop(pin);
+                    if e.is_timeout() {
+                        self.replace_data(con.runtime, con.generation);
+                    }
+                }
+            }
+            let r = r.map_err(|e| map_err(name, e))?;
             scripts::acquire_reply(&r).ok_or_else(|| {
                 LockError::backend(
                     name,
@@ -887,10 +1010,45 @@ impl Backend for RedisBackend {
                 .arg(keep)
                 .arg(&channel)
                 .arg(if all { 1 } else { 0 });
-            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
-                .await
-                .map_err(|e| map_err(name, e))?;
-            Ok(crate::scripts::release_reply(r))
+            let pinned = self.pinned(name, owner);
+            if pinned.is_empty() {
+                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
+                    .await
+                    .map_err(|e| map_err(name, e))?;
+                return Ok(crate::scripts::release_reply(r));
+            }
+            // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
+            // A release of every hold is owner-checked and idempotent, so it is sent behind
+            // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
+            // newest, so that it cannot take off more than one hold.
+            let pinned = if all {
+                pinned
+            } else {
+                pinned.into_iter().last().into_iter().collect()
+            };
+            let mut out: Option<Released> = None;
+            for (runtime, generation, pcon) in pinned {
+                let mut pcon = DataConn {
+                    con: pcon,
+                    generation,
+                    runtime,
+                    backend: self,
+                    defer_replace: false,
+                };
+                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
+                    .await
+                    .map_err(|e| map_err(name, e))?;
+                self.settle(name, owner, runtime, generation);
+                let r = crate::scripts::release_reply(r);
+                out = Some(match (out, r) {
+                    (None, r) => r,
+                    (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
+                    (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
+                    (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
+                    (Some(Released::NotOwner), r) => r,
+                });
+            }
+            Ok(out.unwrap_or(Released::NotOwner))
         })
     }
 
