@@ -698,3 +698,41 @@ async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_he
     }
     assert!(left.is_empty(), "orphans on nodes {left:?}");
 }
+
+/// Review finding #10: the renewal's put-back of a hold on a node that lost it must not be
+/// overtaken by a release sent right after the renewal (an orphan on that node for the ttl).
+/// The node's script cache holds the release script but not the acquire script, so the
+/// put-back needs two more round trips (NOSCRIPT, load, send again) than the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_overtake_the_renewals_put_back() {
+    let mut servers = nodes(3).await;
+    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let name = "put-back-overtake";
+    let lock_key = dlock::redis_keys(name).lock;
+    for round in 0..3 {
+        let g = Lock::new(name)
+            .with_backend(rl.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let mut admin = servers[2].admin();
+        let _: () = redis::cmd("DEL").arg(&lock_key).query(&mut admin).unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(include_str!("../dlock-runtime/src/scripts/release.lua"))
+            .query(&mut admin)
+            .unwrap();
+        g.extend(Duration::from_secs(30))
+            .await
+            .expect("a quorum renewed");
+        g.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            nodes_with_lock(&servers, name).await.is_empty(),
+            "round {round}: the put-back ran after the release and left an orphan"
+        );
+        let _ = &mut servers;
+    }
+}

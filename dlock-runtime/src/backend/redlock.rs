@@ -811,11 +811,16 @@ impl Inner {
                 ));
             }
             // Put the hold back on nodes that forgot it (restarted, or its lease ran out
-            // there); a node another owner holds by now is left alone.
+            // there); a node another owner holds by now is left alone. Tracked as an acquire
+            // call on that node, so that a release sent meanwhile waits for it (and, through
+            // the node's pin, goes behind it on its connection) instead of overtaking it and
+            // leaving the put-back there as an orphan (review redis-family #10).
             for i in lost_nodes {
                 let backend = self.nodes[i].backend.clone();
                 let (name, owner) = (name.to_string(), owner.to_string());
+                let tracked = self.track(i, &name, &owner);
                 tokio::spawn(async move {
+                    let _tracked = tracked;
                     match backend.try_acquire(&name, &owner, ttl).await {
                         Ok(Acquired::Granted { .. }) => {
                             tracing::debug!(key = %name, node = %backend.url(), "dlock: Redlock hold put back on a node that had lost it")
