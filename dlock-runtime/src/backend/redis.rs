@@ -655,6 +655,40 @@ pub(crate) fn redact_url(url: &str) -> String {
     format!("{}://{}@{}", &url[..scheme_end], user, &rest[at + 1..])
 }
 
+/// Sends `pipe` (an acquire [`scripts::evalsha`] and a `WAIT`); a `NOSCRIPT` answer to the
+/// script (which then did not run) loads it and sends the pipeline again.
+async fn run_with_wait(
+    pipe: &Pipeline,
+    con: &mut impl ConnectionLike,
+) -> redis::RedisResult<(Value, Option<Value>)> {
+    let mut loaded = false;
+    loop {
+        let r = con.req_packed_commands(pipe, 0, 2).await;
+        let no_script = |e: &RedisError| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
+        let values = match r {
+            Err(e) if no_script(&e) && !loaded => None,
+            Err(e) => return Err(e),
+            Ok(values) => Some(values),
+        };
+        if let Some(values) = values {
+            let mut values = values.into_iter();
+            let first = values.next().unwrap_or(Value::Nil);
+            let second = values.next();
+            match first {
+                Value::ServerError(e) => {
+                    let e = RedisError::from(e);
+                    if !(no_script(&e) && !loaded) {
+                        return Err(e);
+                    }
+                }
+                first => return Ok((first, second)),
+            }
+        }
+        scripts::ACQUIRE.prepare_invoke().load_async(con).await?;
+        loaded = true;
+    }
+}
+
 fn map_err(key: &str, e: RedisError) -> LockError {
     LockError::backend(key, e)
 }
@@ -950,45 +984,7 @@ impl Backend for RedisBackend {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            con.defer_replace = true;
-            let mut pin = PinOnDrop {
-                backend: self,
-                name,
-                owner,
-                con: Some((con.con.clone(), con.runtime, con.generation)),
-            };
-            let lock = key::lock_key(name);
-            let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
-            let mut cmd =
-                scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
-            cmd.arg(&lock)
-                .arg(&fence)
-                .arg(owner)
-                .arg(ms(ttl))
-                .arg(ms(ttl + FENCE_GRACE));
-            let r: redis::RedisResult<Value> =
-                scripts::run(&scripts::ACQUIRE, &cmd, &mut con).await;
-            match &r {
-                Ok(_) => pin.con = None,
-                Err(e) => {
-                    // Pinned first, so that no release of this owner can take the new
-                    // connection before the pin exists.
-                    drop(pin);
-                    if e.is_timeout() {
-                        self.replace_data(con.runtime, con.generation);
-                    }
-                }
-            }
-            let r = r.map_err(|e| map_err(name, e))?;
-            scripts::acquire_reply(&r).ok_or_else(|| {
-                LockError::backend(
-                    name,
-                    format!("unexpected reply from the acquire script: {r:?}"),
-                )
-            })
-        })
+        Box::pin(async move { Ok(self.acquire_then_wait(name, owner, ttl, None).await?.0) })
     }
 
     fn release<'a>(
@@ -1117,6 +1113,72 @@ impl Backend for RedisBackend {
 // ---------------------------------------------------------------------------------------------
 
 impl RedisBackend {
+    /// The acquire script, and with `wait = Some((n, timeout))` `WAIT n timeout` right behind it
+    /// in one pipeline, so on the connection that wrote the grant (a WAIT on another connection,
+    /// one that wrote nothing, answers at once with every connected replica: review
+    /// redis-family #11). Returns the acquire's reply and WAIT's count (or why it failed).
+    /// An unanswered call is pinned to its connection (see [`Pin`]).
+    pub(crate) async fn acquire_then_wait(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Option<(usize, Duration)>,
+    ) -> Result<(Acquired, Option<Result<usize, String>>), LockError> {
+        let (mut con, _) = self.conn(name)?;
+        con.defer_replace = true;
+        let mut pin = PinOnDrop {
+            backend: self,
+            name,
+            owner,
+            con: Some((con.con.clone(), con.runtime, con.generation)),
+        };
+        let lock = key::lock_key(name);
+        let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
+        let mut cmd = scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
+        cmd.arg(&lock)
+            .arg(&fence)
+            .arg(owner)
+            .arg(ms(ttl))
+            .arg(ms(ttl + FENCE_GRACE));
+        let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
+            None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
+                .await
+                .map(|v| (v, None)),
+            Some((n, timeout)) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(n)
+                    .arg(timeout.as_millis() as u64);
+                run_with_wait(&pipe, &mut con).await
+            }
+        };
+        match &r {
+            Ok(_) => pin.con = None,
+            Err(e) => {
+                // Pinned first, so that no release of this owner can take the new
+                // connection before the pin exists.
+                drop(pin);
+                if e.is_timeout() {
+                    self.replace_data(con.runtime, con.generation);
+                }
+            }
+        }
+        let (r, acked) = r.map_err(|e| map_err(name, e))?;
+        let acquired = scripts::acquire_reply(&r).ok_or_else(|| {
+            LockError::backend(
+                name,
+                format!("unexpected reply from the acquire script: {r:?}"),
+            )
+        })?;
+        let acked = acked.map(|v| match v {
+            Value::Int(k) => Ok(k.max(0) as usize),
+            other => Err(format!("unexpected WAIT reply {other:?}")),
+        });
+        Ok((acquired, acked))
+    }
+
     /// The server's `run_id` (`INFO server`): it changes when the server restarts (used by the
     /// Sentinel backend to tell a new master process from the one it knew).
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
@@ -1158,26 +1220,6 @@ impl RedisBackend {
             .await
             .map_err(|e| map_err("", e))?;
         run_id_of(&info)
-    }
-
-    /// `WAIT replicas timeout` on this runtime's data connection, the one the scripts ran on, so
-    /// it counts the replicas that acknowledged this connection's last write (used by the
-    /// Sentinel backend's `min_replicas`). Blocks that connection for up to `timeout`.
-    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-    pub(crate) async fn wait_replicas(
-        &self,
-        key: &str,
-        replicas: usize,
-        timeout: Duration,
-    ) -> Result<usize, LockError> {
-        let (mut con, _) = self.conn(key)?;
-        let n: i64 = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| map_err(key, e))?;
-        Ok(n.max(0) as usize)
     }
 }
 
