@@ -736,3 +736,79 @@ async fn a_release_does_not_overtake_the_renewals_put_back() {
         let _ = &mut servers;
     }
 }
+
+/// Review finding #9: a fresh owner (kept after a `Busy`) that meets its own leftover hold from
+/// an earlier try on a node (count 2 there) is not a re-entry: when the try fails, its clean-up
+/// gives back everything, on the nodes that answered and, after their try ends, on the nodes
+/// that had not answered. Inferring a re-entry from the count skipped those nodes and only
+/// decremented the leftover, leaving orphans for the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_owner_meeting_its_own_leftover_still_cleans_up_every_node() {
+    let mut servers = nodes(3).await;
+    let rl = RedlockBackend::connect(urls(&servers)).await.unwrap();
+    let name = "leftover";
+    let owner = "fresh-owner";
+    let lock_key = dlock::redis_keys(name).lock;
+    // Node 0: this owner's leftover from an earlier try whose clean-up has not landed.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(&lock_key)
+        .arg(owner)
+        .arg(1)
+        .arg(":fence")
+        .arg(1)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(&lock_key)
+        .arg(30_000)
+        .ignore()
+        .query(&mut servers[0].admin())
+        .unwrap();
+    // Node 1: held by someone else.
+    let other = RedisBackend::connect(&servers[1].url()).await.unwrap();
+    let r = other
+        .try_acquire(name, "someone-else", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }));
+    // Node 2: does not answer in time; it runs the try after it resumes.
+    tokio::task::block_in_place(|| servers[2].pause());
+    let r = rl.try_acquire(name, owner, Duration::from_secs(30)).await;
+    assert!(matches!(r, Ok(Acquired::Busy { .. })), "{r:?}");
+    tokio::task::block_in_place(|| servers[2].resume());
+    let clean = common::eventually(Duration::from_secs(3), || {
+        let servers = &servers;
+        let lock_key = &lock_key;
+        async move {
+            let mut left = 0;
+            for i in [0usize, 2] {
+                let mut con = servers[i].admin_async().await;
+                let n: i64 = redis::cmd("HEXISTS")
+                    .arg(lock_key)
+                    .arg(owner)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                left += n;
+            }
+            left == 0
+        }
+    })
+    .await;
+    let mut left = Vec::new();
+    for i in [0usize, 2] {
+        let n: i64 = redis::cmd("HEXISTS")
+            .arg(&lock_key)
+            .arg(owner)
+            .query(&mut servers[i].admin())
+            .unwrap();
+        if n == 1 {
+            left.push(i);
+        }
+    }
+    assert!(
+        clean,
+        "the failed try left this owner's holds on nodes {left:?}"
+    );
+    let _ = &mut servers;
+}
