@@ -677,7 +677,7 @@ async fn run_with_wait(
             match first {
                 Value::ServerError(e) => {
                     let e = RedisError::from(e);
-                    if !(no_script(&e) && !loaded) {
+                    if !no_script(&e) || loaded {
                         return Err(e);
                     }
                 }
