@@ -812,3 +812,53 @@ async fn a_fresh_owner_meeting_its_own_leftover_still_cleans_up_every_node() {
     );
     let _ = &mut servers;
 }
+
+/// A release that a quorum did not confirm (two of three nodes cut off, their connections lost)
+/// is not reported as done, and the nodes that did not confirm it are retried in the
+/// background until they answer, instead of keeping the hold there (a quorum: the name
+/// blocked) for the rest of its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_on_a_quorum_of_nodes_is_retried_until_they_answer() {
+    use common::proxy::{Mode, Proxy};
+    let servers = nodes(3).await;
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
+    let via: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .map_nodes(|b| b.response_timeout(Duration::from_millis(300)))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let g = Lock::new("rl-lost-release")
+        .with_backend(via.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    proxies[1].set_mode(Mode::Blackhole);
+    proxies[2].set_mode(Mode::Blackhole);
+    let r = g.release().await;
+    assert!(
+        !matches!(r, Ok(()) | Err(LockError::NotOwner { .. })),
+        "a release confirmed by one node of three was reported as {r:?}"
+    );
+    // Leaving the blackhole closes the connections that dropped bytes: the release sent on
+    // them is lost for good.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxies[1].set_mode(Mode::Pass);
+    proxies[2].set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let g = Lock::new("rl-lost-release")
+        .with_backend(direct)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the hold was given back on every node after the heal");
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "free only {:?} after the heal (the lease was 30 s)",
+        healed.elapsed()
+    );
+    g.release().await.unwrap();
+}
