@@ -582,3 +582,55 @@ async fn an_inner_release_whose_connection_drops_is_not_run_twice() {
     .await;
     assert!(freed, "the outer hold could not be released");
 }
+
+/// Protocol rule 3: a release lost with its connection (a `CLIENT KILL` that the slot's master
+/// runs before it reads the release) is retried by the backend once the cluster answers,
+/// instead of leaving the lock taken for the rest of its 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_with_its_connection_is_retried() {
+    let set = cluster().await;
+    let name = "lost-release";
+    let keys = dlock::redis_keys(name);
+    let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
+    let b = backend(&set).await;
+    let other = backend(&set).await;
+    let g = Lock::new(name)
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    let mut admin = set.nodes[master].admin();
+    signal(&set, master, libc::SIGSTOP);
+    // The kill is written first, then the release: on SIGCONT the master runs the kill first
+    // and closes the connection with the release unread.
+    let kill = tokio::task::spawn_blocking(move || {
+        redis::cmd("CLIENT")
+            .arg("KILL")
+            .arg("TYPE")
+            .arg("normal")
+            .query::<i64>(&mut admin)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let release = tokio::spawn(async move { g.release().await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    signal(&set, master, libc::SIGCONT);
+    kill.await.unwrap().expect("CLIENT KILL");
+    let r = tokio::time::timeout(Duration::from_secs(10), release)
+        .await
+        .expect("the release is bounded")
+        .unwrap();
+    let resumed = Instant::now();
+    let g = Lock::new(name)
+        .with_backend(other.clone())
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap_or_else(|e| panic!("the lost release ({r:?}) was not retried: {e:?}"));
+    assert!(
+        resumed.elapsed() < Duration::from_secs(5),
+        "free only {:?} after the master resumed (the lease was 30 s)",
+        resumed.elapsed()
+    );
+    g.release().await.unwrap();
+}

@@ -603,3 +603,39 @@ async fn a_give_back_never_overtakes_its_try_delivered_late_after_a_heal() {
         ),
     }
 }
+
+/// Protocol rule 3: a holder's release that fails for want of an answer (the connection
+/// blackholed, then closed) is retried by the backend once the server answers again, instead
+/// of leaving the lock taken for the rest of its 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_partition_is_retried_after_the_heal() {
+    let n = net().await;
+    let g = Lock::new("lost-release")
+        .with_backend(n.via_proxy.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    n.proxy.set_mode(Mode::Blackhole);
+    let r = g.release().await;
+    assert!(
+        r.is_err(),
+        "a release through a blackhole was confirmed: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Leaving the blackhole closes the connection that dropped the release.
+    n.proxy.set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let g = Lock::new("lost-release")
+        .with_backend(n.direct.clone())
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the release was retried after the heal");
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "free only {:?} after the heal (the lease was 30 s)",
+        healed.elapsed()
+    );
+    g.release().await.unwrap();
+}

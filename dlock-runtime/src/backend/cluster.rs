@@ -225,6 +225,7 @@ impl ClusterBackendBuilder {
                 response_timeout: self.response_timeout,
                 op_timeout: self.op_timeout,
                 retries: self.retries,
+                reaping: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -264,6 +265,8 @@ struct Inner {
     response_timeout: Duration,
     op_timeout: Duration,
     retries: u32,
+    /// (name, owner) whose release is being retried in the background (see `reap`).
+    reaping: Mutex<HashSet<(String, String)>>,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -693,6 +696,80 @@ impl ClusterBackend {
         })
     }
 
+    /// One owner-checked release, sent once (see `run_script`).
+    async fn release_once(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        {
+            let (mut con, _) = self.conn(name)?;
+            let keys = redis_keys(name);
+            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+            let all: &[u8] = if all { b"1" } else { b"0" };
+            let (r, _) = run_script(
+                &self.inner,
+                &mut con,
+                &RELEASE,
+                &[&keys.lock],
+                &[
+                    owner.as_bytes(),
+                    keep.to_string().as_bytes(),
+                    keys.channel.as_bytes(),
+                    all,
+                ],
+                None,
+            )
+            .await
+            .map_err(|e| LockError::backend(name, e))?;
+            let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+            Ok(crate::scripts::release_reply(r))
+        }
+    }
+
+    /// A release of every hold that failed for want of an answer is retried in the background
+    /// with back-off (50 ms doubling to 1 s) until the cluster answers, for up to 30 s
+    /// (protocol rule 3; owner-checked and idempotent). One retrying task per (name, owner).
+    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = (name.to_string(), owner.to_string());
+        if !self
+            .inner
+            .reaping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+        {
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            let end = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut backoff = Duration::from_millis(50);
+            let mut done = false;
+            while tokio::time::Instant::now() + backoff < end {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                tracing::debug!(key = %key.0, seeds = %me.inner.label, "dlock: a release was not confirmed; the lease runs out by itself");
+            }
+            me.inner
+                .reaping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
+    }
+
     /// Number of callers of the current runtime waiting on this backend.
     pub fn waiter_count(&self) -> usize {
         self.conn("")
@@ -763,27 +840,11 @@ impl Backend for ClusterBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let all: &[u8] = if all { b"1" } else { b"0" };
-            let (r, _) = run_script(
-                &self.inner,
-                &mut con,
-                &RELEASE,
-                &[&keys.lock],
-                &[
-                    owner.as_bytes(),
-                    keep.to_string().as_bytes(),
-                    keys.channel.as_bytes(),
-                    all,
-                ],
-                None,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
-            let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
-            Ok(crate::scripts::release_reply(r))
+            let r = self.release_once(name, owner, keep_for, all).await;
+            if all && matches!(r, Err(LockError::Backend { .. })) {
+                self.reap(name, owner, keep_for);
+            }
+            r
         })
     }
 

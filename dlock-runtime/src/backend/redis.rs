@@ -155,6 +155,7 @@ impl RedisBackendBuilder {
                 refusing: AtomicBool::new(false),
                 refusal: Mutex::new(Refusal::default()),
                 pins: Mutex::new(HashMap::new()),
+                reaping: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -204,7 +205,13 @@ struct Inner {
     refusal: Mutex<Refusal>,
     /// Acquire calls whose reply was not read (see [`Pin`]), by (lock name, owner).
     pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
+    /// (name, owner) whose release is being retried in the background (see `reap`).
+    reaping: Mutex<HashSet<(String, String)>>,
 }
+
+/// How long a release that failed is retried in the background (see `RedisBackend::reap`):
+/// as long as the core's give-back of a lease (its ttl, at most 30 s).
+const REAP_FOR: Duration = Duration::from_secs(30);
 
 /// The connection an acquire call went on when its reply was not read (a response timeout, a
 /// dropped connection, a dropped future): the call may still run on the server, late (a
@@ -792,6 +799,112 @@ impl RedisBackend {
         Ok((data, sub))
     }
 
+    /// One owner-checked release (see `Backend::release`), behind this owner's unanswered
+    /// acquire calls (see [`Pin`]).
+    async fn release_once(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        {
+            let (mut con, _) = self.conn(name)?;
+            let lock = key::lock_key(name);
+            let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
+            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+            let mut cmd =
+                scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
+            cmd.arg(&lock)
+                .arg(owner)
+                .arg(keep)
+                .arg(&channel)
+                .arg(if all { 1 } else { 0 });
+            let pinned = self.pinned(name, owner);
+            if pinned.is_empty() {
+                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
+                    .await
+                    .map_err(|e| map_err(name, e))?;
+                return Ok(crate::scripts::release_reply(r));
+            }
+            // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
+            // A release of every hold is owner-checked and idempotent, so it is sent behind
+            // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
+            // newest, so that it cannot take off more than one hold.
+            let pinned = if all {
+                pinned
+            } else {
+                pinned.into_iter().last().into_iter().collect()
+            };
+            let mut out: Option<Released> = None;
+            for (runtime, generation, pcon) in pinned {
+                let mut pcon = DataConn {
+                    con: pcon,
+                    generation,
+                    runtime,
+                    backend: self,
+                    defer_replace: false,
+                };
+                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
+                    .await
+                    .map_err(|e| map_err(name, e))?;
+                self.settle(name, owner, runtime, generation);
+                let r = crate::scripts::release_reply(r);
+                out = Some(match (out, r) {
+                    (None, r) => r,
+                    (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
+                    (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
+                    (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
+                    (Some(Released::NotOwner), r) => r,
+                });
+            }
+            Ok(out.unwrap_or(Released::NotOwner))
+        }
+    }
+
+    /// A release of every hold that failed for want of an answer (a timeout, a lost
+    /// connection) is retried in the background with back-off (50 ms doubling to 1 s) until the
+    /// server answers, for up to [`REAP_FOR`]: the hold is not left to its ttl because one
+    /// call failed (protocol rule 3; owner-checked and idempotent, so a retry after a release
+    /// that did run finds nothing). One retrying task per (name, owner).
+    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = (name.to_string(), owner.to_string());
+        if !self
+            .inner
+            .reaping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+        {
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            let end = Instant::now() + REAP_FOR;
+            let mut backoff = Duration::from_millis(50);
+            let mut done = false;
+            while Instant::now() + backoff < end {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                tracing::debug!(key = %key.0, url = %me.inner.url, "dlock: a release was not confirmed; the lease runs out by itself");
+            }
+            me.inner
+                .reaping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
+    }
+
     /// The connections of `owner`'s unanswered acquire calls on `name`, oldest first (see [`Pin`]).
     fn pinned(&self, name: &str, owner: &str) -> Vec<(tokio::runtime::Id, u64, ConnectionManager)> {
         let pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
@@ -995,56 +1108,11 @@ impl Backend for RedisBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            let lock = key::lock_key(name);
-            let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let mut cmd =
-                scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
-            cmd.arg(&lock)
-                .arg(owner)
-                .arg(keep)
-                .arg(&channel)
-                .arg(if all { 1 } else { 0 });
-            let pinned = self.pinned(name, owner);
-            if pinned.is_empty() {
-                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
-                    .await
-                    .map_err(|e| map_err(name, e))?;
-                return Ok(crate::scripts::release_reply(r));
+            let r = self.release_once(name, owner, keep_for, all).await;
+            if all && matches!(r, Err(LockError::Backend { .. })) {
+                self.reap(name, owner, keep_for);
             }
-            // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
-            // A release of every hold is owner-checked and idempotent, so it is sent behind
-            // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
-            // newest, so that it cannot take off more than one hold.
-            let pinned = if all {
-                pinned
-            } else {
-                pinned.into_iter().last().into_iter().collect()
-            };
-            let mut out: Option<Released> = None;
-            for (runtime, generation, pcon) in pinned {
-                let mut pcon = DataConn {
-                    con: pcon,
-                    generation,
-                    runtime,
-                    backend: self,
-                    defer_replace: false,
-                };
-                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
-                    .await
-                    .map_err(|e| map_err(name, e))?;
-                self.settle(name, owner, runtime, generation);
-                let r = crate::scripts::release_reply(r);
-                out = Some(match (out, r) {
-                    (None, r) => r,
-                    (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
-                    (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
-                    (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
-                    (Some(Released::NotOwner), r) => r,
-                });
-            }
-            Ok(out.unwrap_or(Released::NotOwner))
+            r
         })
     }
 

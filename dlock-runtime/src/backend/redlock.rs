@@ -295,33 +295,6 @@ impl fmt::Debug for RedlockBackend {
     }
 }
 
-/// How long a node's release of every hold is retried after it failed (see `release`): as
-/// long as the core's own give-back of a lease (its ttl, at most 30 s).
-const RELEASE_RETRY_FOR: Duration = Duration::from_secs(30);
-
-/// Retries an owner-checked release of every hold of `owner` on one node, with back-off (50 ms
-/// doubling to 1 s), until the node answers or [`RELEASE_RETRY_FOR`] has passed.
-async fn retry_release(
-    backend: &RedisBackend,
-    name: &str,
-    owner: &str,
-    keep_for: Option<Duration>,
-) {
-    let end = Instant::now() + RELEASE_RETRY_FOR;
-    let mut backoff = Duration::from_millis(50);
-    loop {
-        if Instant::now() + backoff >= end {
-            tracing::debug!(key = %name, node = %backend.url(), "dlock: Redlock release not confirmed on a node; its lease runs out by itself");
-            return;
-        }
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
-        if backend.release(name, owner, keep_for, true).await.is_ok() {
-            return;
-        }
-    }
-}
-
 /// How long a node's release waits for this owner's acquire on that node to end. The acquire
 /// is itself bounded by the node connection's response timeout (1 s by default), so this only
 /// stops a release from waiting on a call that somehow outlives its own bound.
@@ -761,16 +734,9 @@ impl Inner {
                 // Behind this owner's acquire on the node, if that is still running (a quorum
                 // granted before this node answered): bounded by the node's own call bounds.
                 me.after_inflight(i, &name, &owner, INFLIGHT_BOUND).await;
-                let r = backend.release(&name, &owner, keep_for, all).await;
-                let failed = r.is_err();
-                let _ = tx.send(r);
-                if failed && all {
-                    // Not confirmed on this node (a timeout, a lost connection): a release of
-                    // every hold is owner-checked and idempotent, so it is retried here with
-                    // back-off until the node answers, instead of leaving the hold there for
-                    // its ttl (the caller may already have its answer).
-                    retry_release(&backend, &name, &owner, keep_for).await;
-                }
+                // A release of every hold that this node did not confirm is retried by the
+                // node's RedisBackend in the background (see `RedisBackend::reap`).
+                let _ = tx.send(backend.release(&name, &owner, keep_for, all).await);
             });
         }
         drop(tx);
