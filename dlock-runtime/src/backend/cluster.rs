@@ -704,29 +704,27 @@ impl ClusterBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
-        {
-            let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let all: &[u8] = if all { b"1" } else { b"0" };
-            let (r, _) = run_script(
-                &self.inner,
-                &mut con,
-                &RELEASE,
-                &[&keys.lock],
-                &[
-                    owner.as_bytes(),
-                    keep.to_string().as_bytes(),
-                    keys.channel.as_bytes(),
-                    all,
-                ],
-                None,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
-            let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
-            Ok(crate::scripts::release_reply(r))
-        }
+        let (mut con, _) = self.conn(name)?;
+        let keys = redis_keys(name);
+        let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+        let all: &[u8] = if all { b"1" } else { b"0" };
+        let (r, _) = run_script(
+            &self.inner,
+            &mut con,
+            &RELEASE,
+            &[&keys.lock],
+            &[
+                owner.as_bytes(),
+                keep.to_string().as_bytes(),
+                keys.channel.as_bytes(),
+                all,
+            ],
+            None,
+        )
+        .await
+        .map_err(|e| LockError::backend(name, e))?;
+        let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+        Ok(crate::scripts::release_reply(r))
     }
 
     /// A release of every hold that failed for want of an answer is retried in the background

@@ -808,58 +808,55 @@ impl RedisBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
-        {
-            let (mut con, _) = self.conn(name)?;
-            let lock = key::lock_key(name);
-            let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let mut cmd =
-                scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
-            cmd.arg(&lock)
-                .arg(owner)
-                .arg(keep)
-                .arg(&channel)
-                .arg(if all { 1 } else { 0 });
-            let pinned = self.pinned(name, owner);
-            if pinned.is_empty() {
-                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
-                    .await
-                    .map_err(|e| map_err(name, e))?;
-                return Ok(crate::scripts::release_reply(r));
-            }
-            // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
-            // A release of every hold is owner-checked and idempotent, so it is sent behind
-            // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
-            // newest, so that it cannot take off more than one hold.
-            let pinned = if all {
-                pinned
-            } else {
-                pinned.into_iter().last().into_iter().collect()
-            };
-            let mut out: Option<Released> = None;
-            for (runtime, generation, pcon) in pinned {
-                let mut pcon = DataConn {
-                    con: pcon,
-                    generation,
-                    runtime,
-                    backend: self,
-                    defer_replace: false,
-                };
-                let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
-                    .await
-                    .map_err(|e| map_err(name, e))?;
-                self.settle(name, owner, runtime, generation);
-                let r = crate::scripts::release_reply(r);
-                out = Some(match (out, r) {
-                    (None, r) => r,
-                    (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
-                    (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
-                    (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
-                    (Some(Released::NotOwner), r) => r,
-                });
-            }
-            Ok(out.unwrap_or(Released::NotOwner))
+        let (mut con, _) = self.conn(name)?;
+        let lock = key::lock_key(name);
+        let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
+        let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+        let mut cmd = scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
+        cmd.arg(&lock)
+            .arg(owner)
+            .arg(keep)
+            .arg(&channel)
+            .arg(if all { 1 } else { 0 });
+        let pinned = self.pinned(name, owner);
+        if pinned.is_empty() {
+            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            return Ok(crate::scripts::release_reply(r));
         }
+        // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
+        // A release of every hold is owner-checked and idempotent, so it is sent behind
+        // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
+        // newest, so that it cannot take off more than one hold.
+        let pinned = if all {
+            pinned
+        } else {
+            pinned.into_iter().last().into_iter().collect()
+        };
+        let mut out: Option<Released> = None;
+        for (runtime, generation, pcon) in pinned {
+            let mut pcon = DataConn {
+                con: pcon,
+                generation,
+                runtime,
+                backend: self,
+                defer_replace: false,
+            };
+            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            self.settle(name, owner, runtime, generation);
+            let r = crate::scripts::release_reply(r);
+            out = Some(match (out, r) {
+                (None, r) => r,
+                (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
+                (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
+                (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
+                (Some(Released::NotOwner), r) => r,
+            });
+        }
+        Ok(out.unwrap_or(Released::NotOwner))
     }
 
     /// A release of every hold that failed for want of an answer (a timeout, a lost
