@@ -537,3 +537,105 @@ async fn after_a_silent_connection_death_both_connections_recover() {
     );
     g.release().await.unwrap();
 }
+
+/// Review finding #4: an acquire sent into a partition whose bytes are delivered late, after the
+/// heal (TCP retransmission), must not leave an orphan for its whole ttl. Its give-back is sent
+/// on the try's own connection, behind it, so it runs after the late try and frees the name;
+/// a give-back on a fresh connection would overtake the try (answering `NotOwner`), and the
+/// late grant would then hold the name for 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_give_back_never_overtakes_its_try_delivered_late_after_a_heal() {
+    let n = net().await;
+    // Connect the data connection through the proxy first.
+    Lock::new("late-try")
+        .with_backend(n.via_proxy.clone())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let fence = dlock::redis_keys("late-try").fence;
+    let mut raw = redis::Client::open(n.server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    n.proxy.set_mode(Mode::Hold);
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        Lock::new("late-try")
+            .with_backend(n.via_proxy.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await
+    .expect("the try is bounded by the response timeout");
+    assert!(r.is_err(), "acquired through a partition: {r:?}");
+    // The give-back is retried during the partition; new connections are refused meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    n.proxy
+        .heal_delivering_held_after(Duration::from_millis(1500));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ran: bool = redis::cmd("EXISTS")
+        .arg(&fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        ran,
+        "the held try never reached the server (the test proves nothing)"
+    );
+    let r = Lock::new("late-try")
+        .with_backend(n.direct.clone())
+        .acquire()
+        .await;
+    match r {
+        Ok(g) => g.release().await.unwrap(),
+        Err(e) => panic!(
+            "the late-delivered try left an orphan after its give-back: {e:?} (retry_after {:?})",
+            e.retry_after()
+        ),
+    }
+}
+
+/// Protocol rule 3: a holder's release that fails for want of an answer (the connection
+/// blackholed, then closed) is retried by the backend once the server answers again, instead
+/// of leaving the lock taken for the rest of its 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_in_a_partition_is_retried_after_the_heal() {
+    let n = net().await;
+    let g = Lock::new("lost-release")
+        .with_backend(n.via_proxy.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    n.proxy.set_mode(Mode::Blackhole);
+    let r = g.release().await;
+    assert!(
+        r.is_err(),
+        "a release through a blackhole was confirmed: {r:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Leaving the blackhole closes the connection that dropped the release.
+    n.proxy.set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let g = Lock::new("lost-release")
+        .with_backend(n.direct.clone())
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the release was retried after the heal");
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "free only {:?} after the heal (the lease was 30 s)",
+        healed.elapsed()
+    );
+    g.release().await.unwrap();
+}

@@ -628,3 +628,237 @@ async fn two_processes_exclusion_non_atomic_counter_exact_tokens_increase() {
     }
     assert!(started.elapsed() < Duration::from_secs(90));
 }
+
+/// Review finding #4 on Redlock: a try whose requests are held in a partition on every node and
+/// delivered late after the heal (TCP retransmission) must not leave orphans for its ttl. Each
+/// node's give-back goes on the connection the node's try used, behind it (waiting for the
+/// node's task only is not enough: the task ends at its response timeout, long before the
+/// server runs the held request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_heal() {
+    use common::proxy::{Mode, Proxy};
+    let servers = nodes(3).await;
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
+    let via: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .map_nodes(|b| b.response_timeout(Duration::from_millis(500)))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    // Data connections through the proxies first.
+    Lock::new("rl-late")
+        .with_backend(via.clone())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let fence = dlock::redis_keys("rl-late").fence;
+    for s in &servers {
+        let _: () = redis::cmd("DEL").arg(&fence).query(&mut s.admin()).unwrap();
+    }
+    proxies.iter().for_each(|p| p.set_mode(Mode::Hold));
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        Lock::new("rl-late")
+            .with_backend(via.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire(),
+    )
+    .await
+    .expect("the try is bounded");
+    assert!(r.is_err(), "acquired through a partition: {r:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    proxies
+        .iter()
+        .for_each(|p| p.heal_delivering_held_after(Duration::from_millis(1500)));
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    let ran = servers
+        .iter()
+        .filter(|s| {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(&fence)
+                .query(&mut s.admin())
+                .unwrap();
+            n == 1
+        })
+        .count();
+    assert_eq!(
+        ran, 3,
+        "the held tries did not all reach their nodes (the test proves nothing)"
+    );
+    let left = nodes_with_lock(&servers, "rl-late").await;
+    let r = Lock::new("rl-late").with_backend(direct).acquire().await;
+    match r {
+        Ok(g) => g.release().await.unwrap(),
+        Err(e) => panic!("the late tries left orphans on nodes {left:?}: {e:?}"),
+    }
+    assert!(left.is_empty(), "orphans on nodes {left:?}");
+}
+
+/// Review finding #10: the renewal's put-back of a hold on a node that lost it must not be
+/// overtaken by a release sent right after the renewal (an orphan on that node for the ttl).
+/// The node's script cache holds the release script but not the acquire script, so the
+/// put-back needs two more round trips (NOSCRIPT, load, send again) than the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_does_not_overtake_the_renewals_put_back() {
+    let mut servers = nodes(3).await;
+    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let name = "put-back-overtake";
+    let lock_key = dlock::redis_keys(name).lock;
+    for round in 0..3 {
+        let g = Lock::new(name)
+            .with_backend(rl.clone())
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let mut admin = servers[2].admin();
+        let _: () = redis::cmd("DEL").arg(&lock_key).query(&mut admin).unwrap();
+        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query(&mut admin).unwrap();
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(include_str!("../dlock-runtime/src/scripts/release.lua"))
+            .query(&mut admin)
+            .unwrap();
+        g.extend(Duration::from_secs(30))
+            .await
+            .expect("a quorum renewed");
+        g.release().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            nodes_with_lock(&servers, name).await.is_empty(),
+            "round {round}: the put-back ran after the release and left an orphan"
+        );
+        let _ = &mut servers;
+    }
+}
+
+/// Review finding #9: a fresh owner (kept after a `Busy`) that meets its own leftover hold from
+/// an earlier try on a node (count 2 there) is not a re-entry: when the try fails, its clean-up
+/// gives back everything, on the nodes that answered and, after their try ends, on the nodes
+/// that had not answered. Inferring a re-entry from the count skipped those nodes and only
+/// decremented the leftover, leaving orphans for the ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_owner_meeting_its_own_leftover_still_cleans_up_every_node() {
+    let mut servers = nodes(3).await;
+    let rl = RedlockBackend::connect(urls(&servers)).await.unwrap();
+    let name = "leftover";
+    let owner = "fresh-owner";
+    let lock_key = dlock::redis_keys(name).lock;
+    // Node 0: this owner's leftover from an earlier try whose clean-up has not landed.
+    let _: () = redis::pipe()
+        .cmd("HSET")
+        .arg(&lock_key)
+        .arg(owner)
+        .arg(1)
+        .arg(":fence")
+        .arg(1)
+        .ignore()
+        .cmd("PEXPIRE")
+        .arg(&lock_key)
+        .arg(30_000)
+        .ignore()
+        .query(&mut servers[0].admin())
+        .unwrap();
+    // Node 1: held by someone else.
+    let other = RedisBackend::connect(&servers[1].url()).await.unwrap();
+    let r = other
+        .try_acquire(name, "someone-else", Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }));
+    // Node 2: does not answer in time; it runs the try after it resumes.
+    tokio::task::block_in_place(|| servers[2].pause());
+    let r = rl.try_acquire(name, owner, Duration::from_secs(30)).await;
+    assert!(matches!(r, Ok(Acquired::Busy { .. })), "{r:?}");
+    tokio::task::block_in_place(|| servers[2].resume());
+    let clean = common::eventually(Duration::from_secs(3), || {
+        let servers = &servers;
+        let lock_key = &lock_key;
+        async move {
+            let mut left = 0;
+            for i in [0usize, 2] {
+                let mut con = servers[i].admin_async().await;
+                let n: i64 = redis::cmd("HEXISTS")
+                    .arg(lock_key)
+                    .arg(owner)
+                    .query_async(&mut con)
+                    .await
+                    .unwrap();
+                left += n;
+            }
+            left == 0
+        }
+    })
+    .await;
+    let mut left = Vec::new();
+    for i in [0usize, 2] {
+        let n: i64 = redis::cmd("HEXISTS")
+            .arg(&lock_key)
+            .arg(owner)
+            .query(&mut servers[i].admin())
+            .unwrap();
+        if n == 1 {
+            left.push(i);
+        }
+    }
+    assert!(
+        clean,
+        "the failed try left this owner's holds on nodes {left:?}"
+    );
+    let _ = &mut servers;
+}
+
+/// A release that a quorum did not confirm (two of three nodes cut off, their connections lost)
+/// is not reported as done, and the nodes that did not confirm it are retried in the
+/// background until they answer, instead of keeping the hold there (a quorum: the name
+/// blocked) for the rest of its ttl.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_lost_on_a_quorum_of_nodes_is_retried_until_they_answer() {
+    use common::proxy::{Mode, Proxy};
+    let servers = nodes(3).await;
+    let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
+    let via: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .map_nodes(|b| b.response_timeout(Duration::from_millis(300)))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let g = Lock::new("rl-lost-release")
+        .with_backend(via.clone())
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    proxies[1].set_mode(Mode::Blackhole);
+    proxies[2].set_mode(Mode::Blackhole);
+    let r = g.release().await;
+    assert!(
+        !matches!(r, Ok(()) | Err(LockError::NotOwner { .. })),
+        "a release confirmed by one node of three was reported as {r:?}"
+    );
+    // Leaving the blackhole closes the connections that dropped bytes: the release sent on
+    // them is lost for good.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    proxies[1].set_mode(Mode::Pass);
+    proxies[2].set_mode(Mode::Pass);
+    let healed = Instant::now();
+    let g = Lock::new("rl-lost-release")
+        .with_backend(direct)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the hold was given back on every node after the heal");
+    assert!(
+        healed.elapsed() < Duration::from_secs(5),
+        "free only {:?} after the heal (the lease was 30 s)",
+        healed.elapsed()
+    );
+    g.release().await.unwrap();
+}

@@ -229,3 +229,55 @@ async fn admin_finds_the_master_through_the_sentinels() {
     assert_eq!(e.kind, AdminErrorKind::Connect);
     assert!(e.message.contains("no-such-master"), "{e}");
 }
+
+/// Review finding #11: `WAIT` must run on the connection that wrote the grant. Here the data
+/// connection is replaced between a grant and its WAIT (another call, blocked behind a WAIT of
+/// its own, times out meanwhile); a WAIT sent afresh on the new connection answers for that
+/// connection's writes only, not the grant's. (Before the fix this scenario happened to stay
+/// safe: the other call's give-back, an EVALSHA on the new connection, set that connection's
+/// replication offset, and Redis 7.0 then blocked its WAIT. A WAIT on a connection that ran
+/// nothing answers at once with every connected replica.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_waits_on_the_connection_that_wrote_the_grant() {
+    let mut set = start_set().await;
+    let b: Arc<dyn Backend> = Arc::new(
+        SentinelBackend::builder(MASTER, set.sentinel_urls())
+            .min_replicas(1, Duration::from_millis(1500))
+            .map_master(|m| m.response_timeout(Duration::from_secs(1)))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let g = Lock::new("wait-warm")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .expect("the replica confirms");
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().pause());
+    // Y: its WAIT blocks the shared connection for 1.5 s; Y times out at 1 s and the data
+    // connection is replaced.
+    let by = b.clone();
+    let y = tokio::spawn(async move { Lock::new("wait-y").with_backend(by).acquire().await });
+    // Y's grant is deleted behind its back, so that Y's give-back after its timeout (sent on
+    // the new connection) writes nothing there: that connection stays one that wrote nothing.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let mut admin = set.master.as_ref().unwrap().admin_async().await;
+    let deleted: i64 = redis::cmd("DEL")
+        .arg(dlock::redis_keys("wait-y").lock)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(deleted, 1, "Y was not granted");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // X: sent on the old connection behind Y's WAIT, granted when it ends (at 1.5 s, before X's
+    // own 1 s timeout), after the replacement.
+    let x = Lock::new("wait-x").with_backend(b.clone()).acquire().await;
+    let y = y.await.unwrap();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().resume());
+    assert!(y.is_err(), "Y confirmed with the replica stopped: {y:?}");
+    assert!(
+        x.is_err(),
+        "X's grant was reported replicated while the only replica was stopped: {x:?}"
+    );
+}

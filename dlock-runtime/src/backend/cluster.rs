@@ -13,10 +13,7 @@ use std::time::Duration;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{
-    ErrorKind, FromRedisValue, ProtocolVersion, PushInfo, PushKind, RedisError, Script,
-    ServerErrorKind,
-};
+use redis::{ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
 use super::redis::redact_url;
@@ -90,11 +87,15 @@ impl fmt::Debug for ClusterBackendBuilder {
 }
 
 impl ClusterBackendBuilder {
-    /// After every grant, `WAIT replicas timeout` on the master that owns the lock's slot: fewer
-    /// confirmations give the lock back and fail the acquire with a [`LockError::Backend`]. This
-    /// narrows the failover window (a replica promoted after a confirmed grant has it); it does
-    /// not close it. The WAIT holds that master's shared data connection for up to `timeout`;
-    /// keep `timeout` well below `op_timeout`.
+    /// After every grant, `WAIT replicas timeout` on the master that owns the lock's slot, sent
+    /// in one pipeline with the acquire script so that it runs on the connection that wrote the
+    /// grant: fewer confirmations give the lock back and fail the acquire with a
+    /// [`LockError::Backend`]. This narrows the failover window (a replica promoted after a
+    /// confirmed grant has it); it does not close it, and renewals are not confirmed. The WAIT
+    /// holds that master's shared data connection for up to `timeout`, and every call queued
+    /// behind it waits too; keep `timeout` well below `response_timeout` (a reply later than
+    /// that fails the call with an unknown outcome). While a replica lags, a `Busy` answer also
+    /// waits for the WAIT.
     pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.min_replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -120,8 +121,11 @@ impl ClusterBackendBuilder {
         self
     }
 
-    /// How many times the client retries a request that failed for a cluster reason (a node
-    /// down, `TRYAGAIN`, `CLUSTERDOWN`), with backoff, within `op_timeout` (default 16).
+    /// How many times a call is sent again after an answer that guarantees it did not run
+    /// (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, or no
+    /// connection to the slot's node), with backoff, within `op_timeout` (default 16). A call
+    /// whose outcome is unknown (a timeout, a connection lost after the request was written) is
+    /// never sent again: the scripts are not idempotent.
     pub fn retries(mut self, n: u32) -> Self {
         self.retries = n;
         self
@@ -146,12 +150,14 @@ impl ClusterBackendBuilder {
         self
     }
 
-    fn client(&self, protocol: ProtocolVersion) -> Result<ClusterClient, LockError> {
+    /// A client; `retries` is the redis crate's own re-send budget (0 for the data client: it
+    /// would re-send a script after a dropped connection or a timeout, see `run_script`).
+    fn client(&self, protocol: ProtocolVersion, retries: u32) -> Result<ClusterClient, LockError> {
         let mut b = ClusterClientBuilder::new(self.urls.iter().map(String::as_str))
             .response_timeout(self.response_timeout)
             .overall_response_timeout(Some(self.op_timeout))
             .connection_timeout(self.connection_timeout)
-            .retries(self.retries)
+            .retries(retries)
             .min_retry_wait(10)
             .max_retry_wait(200)
             .use_protocol(protocol);
@@ -200,8 +206,8 @@ impl ClusterBackendBuilder {
         if self.urls.iter().any(|u| u.starts_with("rediss://")) {
             super::ensure_crypto_provider();
         }
-        let data_client = self.client(ProtocolVersion::RESP2)?;
-        let pubsub_client = self.client(ProtocolVersion::RESP3)?;
+        let data_client = self.client(ProtocolVersion::RESP2, 0)?;
+        let pubsub_client = self.client(ProtocolVersion::RESP3, self.retries)?;
         let label = self
             .urls
             .iter()
@@ -216,6 +222,10 @@ impl ClusterBackendBuilder {
                 conns: Mutex::new(Vec::new()),
                 pubsub_refused: AtomicBool::new(false),
                 min_replicas: self.min_replicas,
+                response_timeout: self.response_timeout,
+                op_timeout: self.op_timeout,
+                retries: self.retries,
+                reaping: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -252,6 +262,11 @@ struct Inner {
     conns: Mutex<Vec<RtConn>>,
     pubsub_refused: AtomicBool,
     min_replicas: Option<(usize, Duration)>,
+    response_timeout: Duration,
+    op_timeout: Duration,
+    retries: u32,
+    /// (name, owner) whose release is being retried in the background (see `reap`).
+    reaping: Mutex<HashSet<(String, String)>>,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -301,30 +316,136 @@ fn channel_of(info: &PushInfo) -> Option<&str> {
     }
 }
 
-/// Runs `script` by EVALSHA on the node owning `keys[0]`'s slot; on NOSCRIPT, by EVAL there
-/// (which also caches it on that node).
-async fn run_script<T: FromRedisValue>(
+/// Whether an error guarantees that the call did not run: a redirection or a refusal by the
+/// node (`MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, the
+/// latter from a replica that got a write), or no connection to send it on.
+fn did_not_run(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::ReadOnly
+        ) | ErrorKind::ClusterConnectionNotFound
+    )
+}
+
+/// The `host:port` of a `MOVED` / `ASK` error.
+fn redirect_of(e: &RedisError) -> Option<(String, u16)> {
+    let (addr, _slot) = e.redirect_node()?;
+    let (host, port) = addr.rsplit_once(':')?;
+    Some((host.to_string(), port.parse().ok()?))
+}
+
+/// Runs `script` once on the master of `keys[0]`'s slot (EVALSHA; on NOSCRIPT, EVAL there,
+/// which also caches it) and, with `wait`, `WAIT replicas timeout` in the same pipeline, so on
+/// the same connection, right behind it. Returns the script's reply and WAIT's.
+///
+/// The redis crate's cluster client would re-send a request after a dropped connection or a
+/// timeout, so that a script that already ran runs twice (an inner guard's release would take
+/// off two holds and free the outer holder's lock: review redis-family #2). The data client is
+/// therefore built with no retries, and this follows only the answers that guarantee the
+/// script did not run (see [`did_not_run`]): `MOVED` and `ASK` to the node they name (`ASK`
+/// with `ASKING` in the same pipeline), the others again by slot after a back-off, within
+/// `op_timeout` and `retries`. Any other failure leaves the outcome unknown and is returned.
+async fn run_script(
+    inner: &Inner,
     con: &mut ClusterConnection,
     script: &ClusterScript,
     keys: &[&str],
     args: &[&[u8]],
-) -> redis::RedisResult<T> {
-    let build = |verb: &str, body: &str| {
-        let mut c = redis::cmd(verb);
-        c.arg(body).arg(keys.len());
+    wait: Option<(usize, Duration)>,
+) -> redis::RedisResult<(redis::Value, Option<redis::Value>)> {
+    use redis::cluster_routing::{Route, SingleNodeRoutingInfo, SlotAddr};
+    let slot = slot_of(keys[0]);
+    let deadline = tokio::time::Instant::now() + inner.op_timeout;
+    // None: the slot's master; Some((asking, host, port)): a node a redirection named.
+    let mut target: Option<(bool, String, u16)> = None;
+    let mut eval = false;
+    let mut attempt = 0u32;
+    let mut backoff = Duration::from_millis(10);
+    loop {
+        let mut pipe = redis::pipe();
+        let asking = matches!(target, Some((true, ..)));
+        if asking {
+            pipe.cmd("ASKING");
+        }
+        let c = if eval {
+            pipe.cmd("EVAL").arg(&script.src)
+        } else {
+            pipe.cmd("EVALSHA").arg(&script.sha)
+        };
+        c.arg(keys.len());
         for k in keys {
             c.arg(*k);
         }
         for a in args {
             c.arg(*a);
         }
-        c
-    };
-    match build("EVALSHA", &script.sha).query_async(con).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            build("EVAL", &script.src).query_async(con).await
+        if let Some((n, t)) = wait {
+            pipe.cmd("WAIT").arg(n).arg(t.as_millis() as u64);
         }
-        r => r,
+        let route = match &target {
+            None => SingleNodeRoutingInfo::SpecificNode(Route::new(slot, SlotAddr::Master)),
+            Some((_, host, port)) => SingleNodeRoutingInfo::ByAddress {
+                host: host.clone(),
+                port: *port,
+            },
+        };
+        let count = 1 + usize::from(wait.is_some());
+        let err = match tokio::time::timeout_at(
+            deadline,
+            con.route_pipeline(pipe, usize::from(asking), count, route),
+        )
+        .await
+        {
+            Err(_) => {
+                return Err(RedisError::from(std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no reply within op_timeout",
+                )));
+            }
+            Ok(Ok(values)) => {
+                let mut values = values.into_iter();
+                let first = values.next().unwrap_or(redis::Value::Nil);
+                let second = values.next();
+                match first {
+                    redis::Value::ServerError(e) => {
+                        let e = RedisError::from(e);
+                        if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) && !eval {
+                            eval = true;
+                            continue;
+                        }
+                        e
+                    }
+                    first => return Ok((first, second)),
+                }
+            }
+            Ok(Err(e)) => e,
+        };
+        if !did_not_run(&err) || attempt >= inner.retries {
+            return Err(err);
+        }
+        attempt += 1;
+        target = match err.kind() {
+            ErrorKind::Server(ServerErrorKind::Moved) => {
+                redirect_of(&err).map(|(h, p)| (false, h, p))
+            }
+            ErrorKind::Server(ServerErrorKind::Ask) => redirect_of(&err).map(|(h, p)| (true, h, p)),
+            _ => None,
+        };
+        if target.is_none() {
+            // The client refreshes its slot map and connections meanwhile.
+            if tokio::time::Instant::now() + backoff >= deadline {
+                return Err(err);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_millis(200));
+        }
     }
 }
 
@@ -365,28 +486,21 @@ impl ClusterBackend {
         &self.inner.label
     }
 
-    /// `WAIT n timeout` on the master of `name`'s slot, on the connection that wrote the grant;
-    /// with fewer confirmations, gives back what this acquisition added and fails.
+    /// Checks the `WAIT` reply sent behind a grant (see `run_script`); with fewer than `n`
+    /// confirmations, gives back what this acquisition added and fails.
     async fn confirm_replicas(
         &self,
-        con: &mut ClusterConnection,
+        acked: Option<redis::Value>,
         name: &str,
         owner: &str,
         count: u32,
         n: usize,
         timeout: Duration,
     ) -> Result<(), LockError> {
-        use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-        let route = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-            slot_of(&redis_keys(name).lock),
-            SlotAddr::Master,
-        )));
-        let mut wait = redis::cmd("WAIT");
-        wait.arg(n).arg(timeout.as_millis() as u64);
-        let acked = con
-            .route_command(wait, route)
-            .await
-            .and_then(|v| redis::from_redis_value::<i64>(v).map_err(Into::into));
+        let acked = match acked {
+            Some(redis::Value::Int(k)) => Ok(k),
+            other => Err(format!("unexpected WAIT reply {other:?}")),
+        };
         if matches!(acked, Ok(k) if k >= n as i64) {
             return Ok(());
         }
@@ -424,7 +538,9 @@ impl ClusterBackend {
         let data = self
             .inner
             .data_client
-            .get_pending_async_connection_with_config(ClusterConfig::new());
+            .get_pending_async_connection_with_config(
+                ClusterConfig::new().set_response_timeout(self.inner.response_timeout),
+            );
         let sub = self.new_subscriber(&handle, key);
         let (tx, alive) = oneshot::channel::<()>();
         handle.spawn(async move {
@@ -545,8 +661,18 @@ impl ClusterBackend {
 
     async fn ping(&self) -> Result<(), LockError> {
         let (mut con, _) = self.conn("")?;
-        let Err(e) = redis::cmd("PING").query_async::<String>(&mut con).await else {
-            return Ok(());
+        // PING is idempotent: sent again (the data client does not retry by itself) while the
+        // shared connection is still being set up, within `op_timeout`.
+        let deadline = tokio::time::Instant::now() + self.inner.op_timeout;
+        let e = loop {
+            match redis::cmd("PING").query_async::<String>(&mut con).await {
+                Ok(_) => return Ok(()),
+                Err(e) if tokio::time::Instant::now() + Duration::from_millis(50) < deadline => {
+                    tracing::trace!(error = %e, "dlock: cluster PING failed; trying again");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => break e,
+            }
         };
         // The shared connection connects in the background and keeps only "No connections
         // found" when no seed answers; one eager connection attempt tells why (a refused
@@ -568,6 +694,78 @@ impl ClusterBackend {
             )
             .into(),
         })
+    }
+
+    /// One owner-checked release, sent once (see `run_script`).
+    async fn release_once(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        let (mut con, _) = self.conn(name)?;
+        let keys = redis_keys(name);
+        let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+        let all: &[u8] = if all { b"1" } else { b"0" };
+        let (r, _) = run_script(
+            &self.inner,
+            &mut con,
+            &RELEASE,
+            &[&keys.lock],
+            &[
+                owner.as_bytes(),
+                keep.to_string().as_bytes(),
+                keys.channel.as_bytes(),
+                all,
+            ],
+            None,
+        )
+        .await
+        .map_err(|e| LockError::backend(name, e))?;
+        let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+        Ok(crate::scripts::release_reply(r))
+    }
+
+    /// A release of every hold that failed for want of an answer is retried in the background
+    /// with back-off (50 ms doubling to 1 s) until the cluster answers, for up to 30 s
+    /// (protocol rule 3; owner-checked and idempotent). One retrying task per (name, owner).
+    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = (name.to_string(), owner.to_string());
+        if !self
+            .inner
+            .reaping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+        {
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            let end = tokio::time::Instant::now() + Duration::from_secs(30);
+            let mut backoff = Duration::from_millis(50);
+            let mut done = false;
+            while tokio::time::Instant::now() + backoff < end {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                tracing::debug!(key = %key.0, seeds = %me.inner.label, "dlock: a release was not confirmed; the lease runs out by itself");
+            }
+            me.inner
+                .reaping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
     }
 
     /// Number of callers of the current runtime waiting on this backend.
@@ -602,7 +800,8 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let r: redis::Value = run_script(
+            let (r, acked) = run_script(
+                &self.inner,
                 &mut con,
                 &ACQUIRE,
                 &[&keys.lock, &keys.fence],
@@ -611,6 +810,7 @@ impl Backend for ClusterBackend {
                     ms(ttl).to_string().as_bytes(),
                     ms(ttl + FENCE_GRACE).to_string().as_bytes(),
                 ],
+                self.inner.min_replicas,
             )
             .await
             .map_err(|e| LockError::backend(name, e))?;
@@ -623,7 +823,7 @@ impl Backend for ClusterBackend {
             if let (Acquired::Granted { count, .. }, Some((n, timeout))) =
                 (acquired, self.inner.min_replicas)
             {
-                self.confirm_replicas(&mut con, name, owner, count, n, timeout)
+                self.confirm_replicas(acked, name, owner, count, n, timeout)
                     .await?;
             }
             Ok(acquired)
@@ -638,24 +838,11 @@ impl Backend for ClusterBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            let keys = redis_keys(name);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let all: &[u8] = if all { b"1" } else { b"0" };
-            let r: i64 = run_script(
-                &mut con,
-                &RELEASE,
-                &[&keys.lock],
-                &[
-                    owner.as_bytes(),
-                    keep.to_string().as_bytes(),
-                    keys.channel.as_bytes(),
-                    all,
-                ],
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
-            Ok(crate::scripts::release_reply(r))
+            let r = self.release_once(name, owner, keep_for, all).await;
+            if all && matches!(r, Err(LockError::Backend { .. })) {
+                self.reap(name, owner, keep_for);
+            }
+            r
         })
     }
 
@@ -668,14 +855,17 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let r: i64 = run_script(
+            let (r, _) = run_script(
+                &self.inner,
                 &mut con,
                 &EXTEND,
                 &[&keys.lock],
                 &[owner.as_bytes(), ms(ttl).to_string().as_bytes()],
+                None,
             )
             .await
             .map_err(|e| LockError::backend(name, e))?;
+            let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
             Ok(crate::scripts::extend_reply(r))
         })
     }

@@ -3,7 +3,7 @@
 //!
 //! See [`RedisBackend`] for how connections follow runtimes and how waiting works.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -154,6 +154,8 @@ impl RedisBackendBuilder {
                 conns: Mutex::new(Vec::new()),
                 refusing: AtomicBool::new(false),
                 refusal: Mutex::new(Refusal::default()),
+                pins: Mutex::new(HashMap::new()),
+                reaping: Mutex::new(HashSet::new()),
             }),
         })
     }
@@ -201,7 +203,39 @@ struct Inner {
     /// Set while the server refuses SUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
     refusing: AtomicBool,
     refusal: Mutex<Refusal>,
+    /// Acquire calls whose reply was not read (see [`Pin`]), by (lock name, owner).
+    pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
+    /// (name, owner) whose release is being retried in the background (see `reap`).
+    reaping: Mutex<HashSet<(String, String)>>,
 }
+
+/// How long a release that failed is retried in the background (see `RedisBackend::reap`):
+/// as long as the core's give-back of a lease (its ttl, at most 30 s).
+const REAP_FOR: Duration = Duration::from_secs(30);
+
+/// The connection an acquire call went on when its reply was not read (a response timeout, a
+/// dropped connection, a dropped future): the call may still run on the server, late (a
+/// request held in TCP retransmission during a partition is delivered after the heal). Every
+/// release of that owner on that name is sent on this same connection, behind the call, so it
+/// takes effect after it whatever the transport does; the connection is kept open for that
+/// (a response timeout replaces the runtime's data connection for new calls, not this one).
+///
+/// A release answered on the connection settles every call pinned to it (a connection
+/// delivers and answers in order) and removes the pin. A connection that reports an error is
+/// reconnected by its manager: the calls on the broken socket can no longer arrive, and the
+/// release then goes on the new socket. A pin nothing settles (a connection that died
+/// silently, no release ever sent) is dropped after [`PIN_FORGET_AFTER`], by when TCP has
+/// given up retransmitting on it.
+struct Pin {
+    con: ConnectionManager,
+    runtime: tokio::runtime::Id,
+    generation: u64,
+    since: Instant,
+}
+
+/// How long an unsettled [`Pin`] is kept: past Linux's default TCP retransmission give-up
+/// (`tcp_retries2` = 15, about 15 minutes), after which its call can no longer arrive.
+const PIN_FORGET_AFTER: Duration = Duration::from_secs(30 * 60);
 
 /// Back-off state of a refused SUBSCRIBE (an ACL without channel permission, a server without
 /// RESP3). Until `until`, waiters use the holder's lease as their timer without asking; then the
@@ -249,14 +283,62 @@ struct DataConn<'a> {
     generation: u64,
     runtime: tokio::runtime::Id,
     backend: &'a RedisBackend,
+    /// Set by an acquire: a timeout does not replace the connection here; the acquire pins
+    /// its call to the connection first (see [`Pin`]) and then replaces it.
+    defer_replace: bool,
 }
 
 impl DataConn<'_> {
     fn after<T>(&self, r: &redis::RedisResult<T>) {
-        if let Err(e) = r
+        if !self.defer_replace
+            && let Err(e) = r
             && e.is_timeout()
         {
             self.backend.replace_data(self.runtime, self.generation);
+        }
+    }
+}
+
+/// Armed while an acquire call's reply is unread: dropped armed (an error, or the call's
+/// future dropped), it pins the call to its connection (see [`Pin`]).
+struct PinOnDrop<'a> {
+    backend: &'a RedisBackend,
+    name: &'a str,
+    owner: &'a str,
+    con: Option<(ConnectionManager, tokio::runtime::Id, u64)>,
+}
+
+impl Drop for PinOnDrop<'_> {
+    fn drop(&mut self) {
+        let Some((con, runtime, generation)) = self.con.take() else {
+            return;
+        };
+        let now = Instant::now();
+        let mut pins = self
+            .backend
+            .inner
+            .pins
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        pins.retain(|_, v| {
+            v.retain(|p| now.duration_since(p.since) < PIN_FORGET_AFTER);
+            !v.is_empty()
+        });
+        let v = pins
+            .entry((self.name.to_string(), self.owner.to_string()))
+            .or_default();
+        if let Some(p) = v
+            .iter_mut()
+            .find(|p| p.runtime == runtime && p.generation == generation)
+        {
+            p.since = now;
+        } else {
+            v.push(Pin {
+                con,
+                runtime,
+                generation,
+                since: now,
+            });
         }
     }
 }
@@ -580,6 +662,40 @@ pub(crate) fn redact_url(url: &str) -> String {
     format!("{}://{}@{}", &url[..scheme_end], user, &rest[at + 1..])
 }
 
+/// Sends `pipe` (an acquire [`scripts::evalsha`] and a `WAIT`); a `NOSCRIPT` answer to the
+/// script (which then did not run) loads it and sends the pipeline again.
+async fn run_with_wait(
+    pipe: &Pipeline,
+    con: &mut impl ConnectionLike,
+) -> redis::RedisResult<(Value, Option<Value>)> {
+    let mut loaded = false;
+    loop {
+        let r = con.req_packed_commands(pipe, 0, 2).await;
+        let no_script = |e: &RedisError| e.kind() == ErrorKind::Server(ServerErrorKind::NoScript);
+        let values = match r {
+            Err(e) if no_script(&e) && !loaded => None,
+            Err(e) => return Err(e),
+            Ok(values) => Some(values),
+        };
+        if let Some(values) = values {
+            let mut values = values.into_iter();
+            let first = values.next().unwrap_or(Value::Nil);
+            let second = values.next();
+            match first {
+                Value::ServerError(e) => {
+                    let e = RedisError::from(e);
+                    if !no_script(&e) || loaded {
+                        return Err(e);
+                    }
+                }
+                first => return Ok((first, second)),
+            }
+        }
+        scripts::ACQUIRE.prepare_invoke().load_async(con).await?;
+        loaded = true;
+    }
+}
+
 fn map_err(key: &str, e: RedisError) -> LockError {
     LockError::backend(key, e)
 }
@@ -644,6 +760,7 @@ impl RedisBackend {
                 generation: c.data_gen,
                 runtime: id,
                 backend: self,
+                defer_replace: false,
             };
             return Ok((data, c.sub.clone()));
         }
@@ -677,8 +794,140 @@ impl RedisBackend {
             generation: 0,
             runtime: id,
             backend: self,
+            defer_replace: false,
         };
         Ok((data, sub))
+    }
+
+    /// One owner-checked release (see `Backend::release`), behind this owner's unanswered
+    /// acquire calls (see [`Pin`]).
+    async fn release_once(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> Result<Released, LockError> {
+        let (mut con, _) = self.conn(name)?;
+        let lock = key::lock_key(name);
+        let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
+        let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
+        let mut cmd = scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
+        cmd.arg(&lock)
+            .arg(owner)
+            .arg(keep)
+            .arg(&channel)
+            .arg(if all { 1 } else { 0 });
+        let pinned = self.pinned(name, owner);
+        if pinned.is_empty() {
+            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            return Ok(crate::scripts::release_reply(r));
+        }
+        // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
+        // A release of every hold is owner-checked and idempotent, so it is sent behind
+        // each of them in turn; a partial one (`all` unset, a re-entry's) only behind the
+        // newest, so that it cannot take off more than one hold.
+        let pinned = if all {
+            pinned
+        } else {
+            pinned.into_iter().last().into_iter().collect()
+        };
+        let mut out: Option<Released> = None;
+        for (runtime, generation, pcon) in pinned {
+            let mut pcon = DataConn {
+                con: pcon,
+                generation,
+                runtime,
+                backend: self,
+                defer_replace: false,
+            };
+            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut pcon)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            self.settle(name, owner, runtime, generation);
+            let r = crate::scripts::release_reply(r);
+            out = Some(match (out, r) {
+                (None, r) => r,
+                (Some(Released::Freed), _) | (_, Released::Freed) => Released::Freed,
+                (Some(Released::Decremented(_)), r @ Released::Decremented(_)) => r,
+                (Some(d @ Released::Decremented(_)), Released::NotOwner) => d,
+                (Some(Released::NotOwner), r) => r,
+            });
+        }
+        Ok(out.unwrap_or(Released::NotOwner))
+    }
+
+    /// A release of every hold that failed for want of an answer (a timeout, a lost
+    /// connection) is retried in the background with back-off (50 ms doubling to 1 s) until the
+    /// server answers, for up to [`REAP_FOR`]: the hold is not left to its ttl because one
+    /// call failed (protocol rule 3; owner-checked and idempotent, so a retry after a release
+    /// that did run finds nothing). One retrying task per (name, owner).
+    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = (name.to_string(), owner.to_string());
+        if !self
+            .inner
+            .reaping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone())
+        {
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            let end = Instant::now() + REAP_FOR;
+            let mut backoff = Duration::from_millis(50);
+            let mut done = false;
+            while Instant::now() + backoff < end {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                tracing::debug!(key = %key.0, url = %me.inner.url, "dlock: a release was not confirmed; the lease runs out by itself");
+            }
+            me.inner
+                .reaping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
+    }
+
+    /// The connections of `owner`'s unanswered acquire calls on `name`, oldest first (see [`Pin`]).
+    fn pinned(&self, name: &str, owner: &str) -> Vec<(tokio::runtime::Id, u64, ConnectionManager)> {
+        let pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
+        if pins.is_empty() {
+            return Vec::new();
+        }
+        pins.get(&(name.to_string(), owner.to_string()))
+            .map(|v| {
+                v.iter()
+                    .map(|p| (p.runtime, p.generation, p.con.clone()))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// A release of `owner` on `name` was answered on the pinned connection (`runtime`,
+    /// `generation`): every call pinned to it ran before, so the pin goes.
+    fn settle(&self, name: &str, owner: &str, runtime: tokio::runtime::Id, generation: u64) {
+        let mut pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (name.to_string(), owner.to_string());
+        if let Some(v) = pins.get_mut(&key) {
+            v.retain(|p| !(p.runtime == runtime && p.generation == generation));
+            if v.is_empty() {
+                pins.remove(&key);
+            }
+        }
     }
 
     /// Replaces the data connection of `runtime` after a call on generation `generation` timed out
@@ -845,27 +1094,7 @@ impl Backend for RedisBackend {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            let lock = key::lock_key(name);
-            let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
-            let mut cmd =
-                scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
-            cmd.arg(&lock)
-                .arg(&fence)
-                .arg(owner)
-                .arg(ms(ttl))
-                .arg(ms(ttl + FENCE_GRACE));
-            let r: Value = scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
-                .await
-                .map_err(|e| map_err(name, e))?;
-            scripts::acquire_reply(&r).ok_or_else(|| {
-                LockError::backend(
-                    name,
-                    format!("unexpected reply from the acquire script: {r:?}"),
-                )
-            })
-        })
+        Box::pin(async move { Ok(self.acquire_then_wait(name, owner, ttl, None).await?.0) })
     }
 
     fn release<'a>(
@@ -876,21 +1105,11 @@ impl Backend for RedisBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
-            let lock = key::lock_key(name);
-            let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
-            let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-            let mut cmd =
-                scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
-            cmd.arg(&lock)
-                .arg(owner)
-                .arg(keep)
-                .arg(&channel)
-                .arg(if all { 1 } else { 0 });
-            let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
-                .await
-                .map_err(|e| map_err(name, e))?;
-            Ok(crate::scripts::release_reply(r))
+            let r = self.release_once(name, owner, keep_for, all).await;
+            if all && matches!(r, Err(LockError::Backend { .. })) {
+                self.reap(name, owner, keep_for);
+            }
+            r
         })
     }
 
@@ -959,6 +1178,72 @@ impl Backend for RedisBackend {
 // ---------------------------------------------------------------------------------------------
 
 impl RedisBackend {
+    /// The acquire script, and with `wait = Some((n, timeout))` `WAIT n timeout` right behind it
+    /// in one pipeline, so on the connection that wrote the grant (a WAIT on another connection,
+    /// one that wrote nothing, answers at once with every connected replica: review
+    /// redis-family #11). Returns the acquire's reply and WAIT's count (or why it failed).
+    /// An unanswered call is pinned to its connection (see [`Pin`]).
+    pub(crate) async fn acquire_then_wait(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Option<(usize, Duration)>,
+    ) -> Result<(Acquired, Option<Result<usize, String>>), LockError> {
+        let (mut con, _) = self.conn(name)?;
+        con.defer_replace = true;
+        let mut pin = PinOnDrop {
+            backend: self,
+            name,
+            owner,
+            con: Some((con.con.clone(), con.runtime, con.generation)),
+        };
+        let lock = key::lock_key(name);
+        let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
+        let mut cmd = scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
+        cmd.arg(&lock)
+            .arg(&fence)
+            .arg(owner)
+            .arg(ms(ttl))
+            .arg(ms(ttl + FENCE_GRACE));
+        let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
+            None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
+                .await
+                .map(|v| (v, None)),
+            Some((n, timeout)) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(n)
+                    .arg(timeout.as_millis() as u64);
+                run_with_wait(&pipe, &mut con).await
+            }
+        };
+        match &r {
+            Ok(_) => pin.con = None,
+            Err(e) => {
+                // Pinned first, so that no release of this owner can take the new
+                // connection before the pin exists.
+                drop(pin);
+                if e.is_timeout() {
+                    self.replace_data(con.runtime, con.generation);
+                }
+            }
+        }
+        let (r, acked) = r.map_err(|e| map_err(name, e))?;
+        let acquired = scripts::acquire_reply(&r).ok_or_else(|| {
+            LockError::backend(
+                name,
+                format!("unexpected reply from the acquire script: {r:?}"),
+            )
+        })?;
+        let acked = acked.map(|v| match v {
+            Value::Int(k) => Ok(k.max(0) as usize),
+            other => Err(format!("unexpected WAIT reply {other:?}")),
+        });
+        Ok((acquired, acked))
+    }
+
     /// The server's `run_id` (`INFO server`): it changes when the server restarts (used by the
     /// Sentinel backend to tell a new master process from the one it knew).
     #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
@@ -1000,26 +1285,6 @@ impl RedisBackend {
             .await
             .map_err(|e| map_err("", e))?;
         run_id_of(&info)
-    }
-
-    /// `WAIT replicas timeout` on this runtime's data connection, the one the scripts ran on, so
-    /// it counts the replicas that acknowledged this connection's last write (used by the
-    /// Sentinel backend's `min_replicas`). Blocks that connection for up to `timeout`.
-    #[cfg_attr(not(feature = "sentinel"), allow(dead_code))]
-    pub(crate) async fn wait_replicas(
-        &self,
-        key: &str,
-        replicas: usize,
-        timeout: Duration,
-    ) -> Result<usize, LockError> {
-        let (mut con, _) = self.conn(key)?;
-        let n: i64 = redis::cmd("WAIT")
-            .arg(replicas)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut con)
-            .await
-            .map_err(|e| map_err(key, e))?;
-        Ok(n.max(0) as usize)
     }
 }
 

@@ -137,6 +137,7 @@ impl RedlockBuilder {
                 proxies,
                 next_proxy: AtomicU64::new(0),
                 dirty: Mutex::new(HashSet::new()),
+                held: Mutex::new(HashSet::new()),
                 inflight: Mutex::new(HashMap::new()),
                 next_try: AtomicU64::new(0),
             }),
@@ -207,6 +208,11 @@ struct Inner {
     /// (node, name, owner) whose clean-up after a failed acquire is still pending on that node:
     /// its votes for that owner are not counted until the clean-up ran.
     dirty: Mutex<HashSet<(usize, String, String)>>,
+    /// (name, owner) holds this backend granted to its caller and that were not given back
+    /// entirely yet: a try of such an owner is a re-entry. Decided here rather than from the
+    /// replies (a count above 1), which a fresh owner meeting its own leftover hold from an
+    /// earlier try also gives (review redis-family #9).
+    held: Mutex<HashSet<(String, String)>>,
     /// Acquire calls still running on a node, by (node, name, owner): a quorum may grant before a
     /// slow node answered, and that node's release must not overtake its acquire (it would find
     /// nothing to free, and the acquire would then leave a hold for the whole ttl). Each entry
@@ -570,7 +576,11 @@ impl Inner {
         let (mut token, mut count) = (0u64, 0u32);
         let mut busy: Option<Option<Duration>> = None;
         let mut first_err: Option<LockError> = None;
-        let mut reentry = false;
+        let reentry = self
+            .held
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(&(name.to_string(), owner.to_string()));
         while granted < self.quorum && against <= n - self.quorum {
             let Ok(Some((i, r))) = tokio::time::timeout_at(deadline, rx.recv()).await else {
                 break;
@@ -579,7 +589,6 @@ impl Inner {
                 Ok((a, counted)) => {
                     match a {
                         Acquired::Granted { token: t, count: c } => {
-                            reentry |= c > 1;
                             if counted {
                                 granted += 1;
                                 token = token.max(t);
@@ -611,6 +620,10 @@ impl Inner {
                 .saturating_sub(sent.elapsed())
                 .saturating_sub(self.drift(ttl));
             if !validity.is_zero() {
+                self.held
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert((name.to_string(), owner.to_string()));
                 return Ok(Acquired::Granted { token, count });
             }
             first_err = Some(LockError::backend(
@@ -652,9 +665,10 @@ impl Inner {
         let mut now = Vec::new();
         for (i, task) in tasks.into_iter().enumerate() {
             let Some(task) = task else { continue };
-            // A re-entry only gives back the hold it added; a fresh try gives back everything.
+            // A re-entry only gives back the hold it added; a fresh try gives back everything
+            // (also a leftover of this owner's earlier try that a node counted in).
             let all = match &answered[i] {
-                Some(Ok((Acquired::Granted { count, .. }, _))) => *count <= 1,
+                Some(Ok((Acquired::Granted { count, .. }, _))) => !reentry || *count <= 1,
                 Some(Ok((Acquired::Busy { .. }, _))) => continue,
                 Some(Err(())) | None => !reentry,
             };
@@ -699,6 +713,13 @@ impl Inner {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
+        if all {
+            // Given back entirely: a later try of this owner is not a re-entry.
+            let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+            if !held.is_empty() {
+                held.remove(&(name.to_string(), owner.to_string()));
+            }
+        }
         // Every node gets the release in a task of its own (a node that answers late still gets
         // it); the answer is given once every node answered, or a quorum did and the node
         // timeout passed, or at the latest after one second.
@@ -713,6 +734,8 @@ impl Inner {
                 // Behind this owner's acquire on the node, if that is still running (a quorum
                 // granted before this node answered): bounded by the node's own call bounds.
                 me.after_inflight(i, &name, &owner, INFLIGHT_BOUND).await;
+                // A release of every hold that this node did not confirm is retried by the
+                // node's RedisBackend in the background (see `RedisBackend::reap`).
                 let _ = tx.send(backend.release(&name, &owner, keep_for, all).await);
             });
         }
@@ -754,8 +777,20 @@ impl Inner {
         if ok == 0 {
             return Err(first_err.unwrap_or_else(|| LockError::backend(name, "no node answered")));
         }
-        if not_owner >= self.quorum || not_owner == ok {
+        if not_owner >= self.quorum || (not_owner == ok && ok == n) {
             return Ok(Released::NotOwner);
+        }
+        if ok < self.quorum {
+            // Fewer than a quorum confirmed: the hold may still be on a quorum of nodes, so
+            // neither "freed" nor "not the owner" is known (the unconfirmed nodes are retried
+            // in the background when `all` is set).
+            return Err(LockError::backend(
+                name,
+                format!(
+                    "Redlock: only {ok} of {n} nodes confirmed the release ({}); the others are retried in the background",
+                    first_err.map_or_else(|| "no answer in time".to_string(), |e| e.to_string())
+                ),
+            ));
         }
         Ok(match decremented {
             Some(c) => Released::Decremented(c),
@@ -811,11 +846,16 @@ impl Inner {
                 ));
             }
             // Put the hold back on nodes that forgot it (restarted, or its lease ran out
-            // there); a node another owner holds by now is left alone.
+            // there); a node another owner holds by now is left alone. Tracked as an acquire
+            // call on that node, so that a release sent meanwhile waits for it (and, through
+            // the node's pin, goes behind it on its connection) instead of overtaking it and
+            // leaving the put-back there as an orphan (review redis-family #10).
             for i in lost_nodes {
                 let backend = self.nodes[i].backend.clone();
                 let (name, owner) = (name.to_string(), owner.to_string());
+                let tracked = self.track(i, &name, &owner);
                 tokio::spawn(async move {
+                    let _tracked = tracked;
                     match backend.try_acquire(&name, &owner, ttl).await {
                         Ok(Acquired::Granted { .. }) => {
                             tracing::debug!(key = %name, node = %backend.url(), "dlock: Redlock hold put back on a node that had lost it")

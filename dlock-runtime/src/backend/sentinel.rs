@@ -53,9 +53,13 @@ impl fmt::Debug for SentinelBuilder {
 }
 
 impl SentinelBuilder {
-    /// After every grant, `WAIT replicas timeout`: fewer confirmations give the lock back and
+    /// After every grant, `WAIT replicas timeout`, sent in one pipeline with the acquire script
+    /// (so on the connection that wrote the grant): fewer confirmations give the lock back and
     /// fail the acquire with a [`LockError::Backend`]. The WAIT blocks the runtime's data
-    /// connection to the master for up to `timeout`.
+    /// connection to the master for up to `timeout`, and every call queued behind it waits too;
+    /// keep `timeout` well below the master's response timeout (3 s by default), since a later
+    /// reply fails the call with an unknown outcome. While a replica lags, a `Busy` answer also
+    /// waits for the WAIT. Renewals are not confirmed.
     pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.min_replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -312,8 +316,11 @@ impl Inner {
 
     async fn acquire(&self, name: &str, owner: &str, ttl: Duration) -> Result<Acquired, LockError> {
         let backend = self.current().backend.clone();
-        let r = backend.try_acquire(name, owner, ttl).await;
-        let r = match r {
+        // WAIT goes in one pipeline with the script, on the connection that wrote the grant.
+        let r = backend
+            .acquire_then_wait(name, owner, ttl, self.cfg.min_replicas)
+            .await;
+        let (r, acked) = match r {
             Err(e) => {
                 self.refresh().await;
                 return Err(e);
@@ -321,7 +328,7 @@ impl Inner {
             Ok(r) => r,
         };
         if let (Acquired::Granted { count, .. }, Some((n, timeout))) = (r, self.cfg.min_replicas) {
-            let acked = backend.wait_replicas(name, n, timeout).await;
+            let acked = acked.unwrap_or_else(|| Err("no WAIT reply".to_string()));
             if !matches!(acked, Ok(k) if k >= n) {
                 // Give back what this call added (a fresh grant entirely, a re-entry one hold).
                 let _ = backend.release(name, owner, None, count <= 1).await;
