@@ -26,6 +26,7 @@ mod key;
 mod lock;
 mod metrics;
 mod policy;
+mod redact;
 mod registry;
 mod scripts;
 mod wait;
