@@ -29,6 +29,8 @@ mod policy;
 mod redact;
 mod registry;
 mod scripts;
+#[cfg(test)]
+mod test_capture;
 mod wait;
 mod watchdog;
 #[cfg(feature = "axum")]

@@ -226,8 +226,64 @@ pub fn policy_env_var(name: &str, field: &str) -> String {
     format!("DLOCK_POLICY_{}_{}", mangle(name), mangle(field))
 }
 
+/// The `DLOCK_POLICY_<NAME>_*` variables of `name` that name no field (a typo such as
+/// `…_TLL` or `…_TIMEOUT`), leaving out those that are another known policy's field variable
+/// (`pay` and `pay_ments` share a prefix).
+fn unknown_env_vars(name: &str) -> Vec<(String, String)> {
+    let prefix = policy_env_var(name, "");
+    let known = |var: &str| {
+        let names = POLICIES
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .chain(
+                FILE_POLICIES
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .keys(),
+            )
+            .cloned()
+            .collect::<Vec<_>>();
+        std::iter::once(name.to_string())
+            .chain(names)
+            .any(|n| FIELDS.iter().any(|f| policy_env_var(&n, f) == var))
+    };
+    let mut out: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter_map(|k| {
+            let field = k.strip_prefix(&prefix)?.to_string();
+            (!known(&k)).then_some((k, field))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Warns once per variable about [`unknown_env_vars`]: the TOML layer refuses an unknown
+/// field, the environment layer cannot (it only reads names), so it says so instead.
+fn warn_unknown_env_vars(name: &str) {
+    static WARNED: LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        LazyLock::new(Default::default);
+    for (var, field) in unknown_env_vars(name) {
+        let first = WARNED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(var.clone());
+        if first {
+            tracing::warn!(
+                policy = name,
+                variable = %var,
+                field = %field,
+                "dlock: {var} is ignored: `{field}` is no field of policy `{name}` (fields: {})",
+                FIELDS.join(", ")
+            );
+        }
+    }
+}
+
 /// The environment layer of `name`: `None` when no variable for it is set.
 fn env_layer(name: &str) -> Result<Option<Policy>, LockError> {
+    warn_unknown_env_vars(name);
     let mut p = Policy::new();
     let mut any = false;
     for field in FIELDS {
@@ -361,6 +417,47 @@ mod tests {
             policy_env_var("nightly-report.v2", "on_busy"),
             "DLOCK_POLICY_NIGHTLY_REPORT_V2_ON_BUSY"
         );
+    }
+
+    /// A misspelt field variable (`…_TLL`, `…_TIMEOUT`) was ignored without a word; it is now
+    /// a warning naming the variable and the unknown field. Another policy's variable sharing
+    /// the prefix (`unit-typo` vs `unit-typo_x`) is not reported.
+    #[test]
+    fn a_misspelt_policy_variable_is_warned_about() {
+        crate::test_capture::install();
+        define_policy("unit-typo", Policy::new());
+        define_policy("unit-typo_x", Policy::new());
+        // SAFETY: test-only variables no other test reads.
+        unsafe {
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_TLL", "5s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_TIMEOUT", "2s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_WAIT", "1s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_X_TTL", "3s");
+        }
+        let p = policy("unit-typo").unwrap();
+        assert_eq!(p.wait, Some(Duration::from_secs(1)));
+        let warned = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_");
+        for (var, field) in [
+            ("DLOCK_POLICY_UNIT_TYPO_TLL", "TLL"),
+            ("DLOCK_POLICY_UNIT_TYPO_TIMEOUT", "TIMEOUT"),
+        ] {
+            assert!(
+                warned.iter().any(|w| w.starts_with("WARN")
+                    && w.contains(var)
+                    && w.contains(&format!("`{field}`"))),
+                "no warning for {var}: {warned:#?}"
+            );
+        }
+        assert!(
+            warned
+                .iter()
+                .all(|w| !w.contains("_WAIT") && !w.contains("_X_TTL")),
+            "{warned:#?}"
+        );
+        // Once per variable.
+        let _ = policy("unit-typo").unwrap();
+        let again = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_TLL is ignored");
+        assert_eq!(again.len(), 1, "{again:#?}");
     }
 
     #[test]
