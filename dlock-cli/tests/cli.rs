@@ -903,3 +903,56 @@ fn no_subcommand_prints_a_secret_of_any_url_form_on_failure() {
         assert!(!w.contains(secret), "{all:?}: {w}");
     }
 }
+
+/// Lock names come from end users (`key = "user:{name}"`): control characters in a name (ESC,
+/// CR, LF) reached the operator's terminal raw in `list`, `show`, `watch`, `unlock` and the
+/// error lines, where they can hide or forge rows. Every text output now escapes them; JSON
+/// escapes them by itself.
+#[test]
+fn control_characters_in_lock_names_never_reach_the_terminal_raw() {
+    const EVIL: &str = "evil\u{1b}[2K\rok\nforged\u{9b}row";
+    let redis = Redis::start(&["--notify-keyspace-events", "Kghx"]);
+    let url = redis.url();
+    let raw = |o: &str| o.contains(['\u{1b}', '\r', '\u{9b}']);
+    let w_url = url.clone();
+    let watcher = std::thread::spawn(move || watch_briefly(&["--url", &w_url, "watch"]));
+    std::thread::sleep(Duration::from_millis(500));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt.block_on(async {
+        dlock_runtime::init_named("cli-evil", &url).await.unwrap();
+        dlock_runtime::Lock::new(EVIL)
+            .backend("cli-evil")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    let w = watcher.join().unwrap();
+    assert!(w.contains("evil"), "the watch saw nothing: {w:?}");
+    assert!(!raw(&w), "watch: {w:?}");
+    for args in [
+        &["list"][..],
+        &["show", EVIL],
+        &["show", &format!("{EVIL}-not-held")],
+        &["unlock", EVIL],
+    ] {
+        let o = dlock(&url, args, "n\n");
+        let t = text(&o);
+        assert!(t.contains("evil"), "{args:?}: {t:?}");
+        assert!(!raw(&t), "{args:?}: {t:?}");
+        // No line was forged: the name stays on one line.
+        assert!(
+            !t.lines().any(|l| l.starts_with("forged")),
+            "{args:?}: {t:?}"
+        );
+    }
+    let o = dlock(&url, &["list", "--json"], "");
+    assert!(!raw(&text(&o)), "{:?}", text(&o));
+    let o = dlock(&url, &["unlock", EVIL, "--yes"], "");
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    assert!(!raw(&text(&o)), "{:?}", text(&o));
+    drop(g);
+}
