@@ -155,7 +155,12 @@ pub async fn run_locked<F: Future>(
     key: String,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let r = spec.resolve()?;
+    // A configuration failure (unknown policy, bad environment value) is counted as the
+    // unknown-backend and invalid-name failures are: a `skip` job that never runs shows up.
+    let r = spec.resolve().map_err(|e| {
+        let backend = spec.backend.unwrap_or(crate::DEFAULT_BACKEND);
+        crate::metrics::setup_error(&crate::metrics::Labels::new(backend, spec.fn_name), e)
+    })?;
     let mut lock = Lock::new(key)
         .ttl(r.ttl)
         .wait(r.wait)
