@@ -298,6 +298,18 @@ impl KeyBuf {
     }
 }
 
+/// The characters a value escapes (besides `\\`) when `next_literal` follows its placeholder
+/// (empty at the end of a template): the first character of that literal. The macro computes
+/// the same set at compile time (`template::special_after`); `path_key` and `header_key` use
+/// this function.
+pub fn key_special(next_literal: &str) -> String {
+    next_literal
+        .chars()
+        .next()
+        .map(String::from)
+        .unwrap_or_default()
+}
+
 /// Compile-time check helpers: the expansion calls these with `quote_spanned!` at the user's
 /// types so that a missing bound is reported there.
 pub fn assert_display<T: Display + ?Sized>(_: &T) {}

@@ -175,7 +175,7 @@ impl<B> KeyExtractor<B> for HeaderKey {
         // `header_key("x-tenant", "tenant:")` and `key = "tenant:{t}"` name the same lock.
         let mut k = crate::private::KeyBuf::with_capacity(self.prefix.len() + v.len());
         k.lit(&self.prefix);
-        k.value(v, "");
+        k.value(v, &crate::private::key_special(""));
         Some(k.finish())
     }
 }
@@ -286,13 +286,11 @@ pub fn path_key(route: &str, template: &str) -> Result<PathKey, LockError> {
     // The special characters of a placeholder: the first character of the literal after it.
     for i in 0..out.len() {
         let next = match out.get(i + 1) {
-            Some(Part::Lit(l)) => l.chars().next(),
-            _ => None,
+            Some(Part::Lit(l)) => crate::private::key_special(l),
+            _ => crate::private::key_special(""),
         };
-        if let Part::Param(_, special) = &mut out[i]
-            && let Some(c) = next
-        {
-            special.push(c);
+        if let Part::Param(_, special) = &mut out[i] {
+            *special = next;
         }
     }
     Ok(PathKey {
