@@ -181,7 +181,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dlock: {}", safe(&e.message()));
+            eprintln!("dlock: {}", safe(e.message()));
             ExitCode::from(e.code())
         }
     }
