@@ -133,8 +133,39 @@ const FIELDS: [&str; 7] = [
     "on_lost",
 ];
 
+/// Warns when `name` and another known policy map to the same `DLOCK_POLICY_<NAME>_*`
+/// variables (`pay-ments`, `pay.ments`, `pay_ments` all give `PAY_MENTS`): one variable would
+/// silently override both.
+fn warn_shared_env_names(name: &str) {
+    let mine = policy_env_var(name, "");
+    let mut others: Vec<String> = POLICIES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .chain(
+            FILE_POLICIES
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys(),
+        )
+        .filter(|n| n.as_str() != name && policy_env_var(n, "") == mine)
+        .cloned()
+        .collect();
+    others.sort();
+    others.dedup();
+    for other in others {
+        tracing::warn!(
+            policy = name,
+            other = %other,
+            "dlock: policies `{name}` and `{other}` share the environment variables {mine}*: \
+             an override there applies to both; rename one (letters and digits decide the name)"
+        );
+    }
+}
+
 /// Defines (or replaces) the policy `name` in code.
 pub fn define_policy(name: &str, policy: Policy) {
+    warn_shared_env_names(name);
     POLICIES
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -198,6 +229,9 @@ pub fn load_policies_str(text: &str) -> Result<(), LockError> {
             }
             parsed.push((name.clone(), p));
         }
+    }
+    for (name, _) in &parsed {
+        warn_shared_env_names(name);
     }
     let mut map = FILE_POLICIES.write().unwrap_or_else(|e| e.into_inner());
     for (name, p) in parsed {
@@ -458,6 +492,30 @@ mod tests {
         let _ = policy("unit-typo").unwrap();
         let again = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_TLL is ignored");
         assert_eq!(again.len(), 1, "{again:#?}");
+    }
+
+    /// `pay-ments` and `pay.ments` both read `DLOCK_POLICY_PAY_MENTS_*`: one variable silently
+    /// overrode both. Defining the second (in code or in a file) now warns, naming both.
+    #[test]
+    fn policies_sharing_environment_variables_are_warned_about() {
+        crate::test_capture::install();
+        define_policy("unit-pay-ments", Policy::new());
+        define_policy("unit.pay.ments", Policy::new());
+        load_policies_str("[policy.\"unit_pay_ments\"]\nttl = \"1s\"\n").unwrap();
+        let w = crate::test_capture::containing("DLOCK_POLICY_UNIT_PAY_MENTS_");
+        assert!(
+            w.iter().any(|l| l.starts_with("WARN")
+                && l.contains("`unit.pay.ments`")
+                && l.contains("`unit-pay-ments`")),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter().any(|l| l.contains("`unit_pay_ments`")),
+            "the file's policy too: {w:#?}"
+        );
+        // A policy alone is not reported.
+        define_policy("unit-alone-policy", Policy::new());
+        assert!(crate::test_capture::containing("UNIT_ALONE_POLICY").is_empty());
     }
 
     #[test]
