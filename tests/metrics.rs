@@ -65,6 +65,16 @@ async fn annotated(id: u64) -> Result<u64, dlock::LockError> {
     Ok(id)
 }
 
+/// A `skip` job whose policy is unknown never runs its body: only the error counter can say so.
+#[dlock::distributed_lock(
+    key = "metrics-skip",
+    on_busy = "skip",
+    policy = "metrics-never-defined"
+)]
+async fn skipped_with_unknown_policy() {
+    panic!("the body ran without its lock");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_moves_when_it_should() {
     let recorder = DebuggingRecorder::new();
@@ -180,6 +190,14 @@ async fn every_metric_moves_when_it_should() {
         .await
         .unwrap();
     assert_eq!(sink.get("dlock_acquisitions_total", "manual"), 1.0);
+
+    // A configuration failure of the attribute (an unknown policy) counts as an error, like an
+    // unknown backend: before, it failed before any label existed and no counter moved.
+    skipped_with_unknown_policy().await;
+    assert_eq!(
+        sink.get("dlock_errors_total", "skipped_with_unknown_policy"),
+        1.0
+    );
 
     // Rendered keys never become label values.
     sink.take();

@@ -22,10 +22,38 @@ use std::process::ExitCode;
 /// Prints a line on stdout. A closed stdout (`| head -1`: the reader left) is not an error and
 /// never a panic: the command's action does not depend on its output, and output nobody reads is
 /// dropped.
+/// One line on stdout, with control characters escaped (see [`safe`]).
 macro_rules! out {
-    ($($t:tt)*) => {{
-        let _ = writeln!(std::io::stdout(), $($t)*);
+    () => {{
+        let _ = writeln!(std::io::stdout());
     }};
+    ($($t:tt)*) => {{
+        let _ = writeln!(std::io::stdout(), "{}", safe(&format!($($t)*)));
+    }};
+}
+
+/// `s` with every control character (C0, DEL, C1) and every bidirectional override escaped as
+/// `\u{..}` (`\n`, `\r`, `\t` as such): lock names and owners come from end users and Redis
+/// keys may hold any byte, so ESC, CR, LF or OSC sequences must not reach the operator's
+/// terminal raw (they could hide or forge rows, or write the clipboard). `--json` output is
+/// escaped by JSON itself.
+fn safe(s: &str) -> std::borrow::Cow<'_, str> {
+    let bad =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(bad) {
+        return s.into();
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if bad(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.into()
 }
 
 use std::time::Duration;
@@ -153,7 +181,7 @@ fn main() -> ExitCode {
     match rt.block_on(run(cli)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("dlock: {}", e.message());
+            eprintln!("dlock: {}", safe(e.message()));
             ExitCode::from(e.code())
         }
     }
@@ -279,8 +307,8 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
         .iter()
         .map(|i| {
             [
-                i.name.clone(),
-                owner_text(i),
+                safe(&i.name).into_owned(),
+                safe(&owner_text(i)).into_owned(),
                 i.holds().to_string(),
                 fmt_left(i.remaining),
                 i.token.map_or("-".into(), |t| t.to_string()),
@@ -375,7 +403,8 @@ async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError
         print_detail(&i);
         let _ = write!(
             std::io::stdout(),
-            "force-release lock `{name}`? the holder loses it [y/N] "
+            "force-release lock `{}`? the holder loses it [y/N] ",
+            safe(name)
         );
         let _ = std::io::stdout().flush();
         let mut answer = String::new();
@@ -482,7 +511,8 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
             _ => format!("{ev:?}"),
         };
         let mut stdout = std::io::stdout();
-        if writeln!(stdout, "{}  {}  {what}", now_text(), ev.name())
+        let line = format!("{}  {}  {what}", now_text(), ev.name());
+        if writeln!(stdout, "{}", safe(&line))
             .and_then(|()| stdout.flush())
             .is_err()
         {

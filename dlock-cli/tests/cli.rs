@@ -726,3 +726,233 @@ fn a_closed_stdout_is_no_panic_and_unlock_still_unlocks() {
     );
     drop(g);
 }
+
+/// `dlock watch ...` for a moment, then SIGINT: everything it printed (stdout and stderr).
+fn watch_briefly(args: &[&str]) -> String {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args)
+        .env_remove("DLOCK_URL")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut p = Proc(spawn_child(cmd).unwrap());
+    let start = Instant::now();
+    while p.0.try_wait().unwrap().is_none() && start.elapsed() < Duration::from_millis(1500) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if p.0.try_wait().unwrap().is_none() {
+        // SAFETY: kill(2) on our own child, not yet reaped.
+        unsafe { libc::kill(p.0.id() as libc::pid_t, libc::SIGINT) };
+    }
+    let start = Instant::now();
+    while p.0.try_wait().unwrap().is_none() {
+        assert!(start.elapsed() < Duration::from_secs(10), "watch hung");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut s = String::new();
+    use std::io::Read;
+    p.0.stdout.take().unwrap().read_to_string(&mut s).unwrap();
+    p.0.stderr.take().unwrap().read_to_string(&mut s).unwrap();
+    s
+}
+
+/// Every subcommand, human and JSON, against a server reached with the password in the query
+/// (`unix://…?pass=`, `redis+unix://…?pass=`, as redis-rs reads it) or the userinfo: the
+/// `server` detail, `unlock`'s "on <target>" and `watch`'s header print the URL, never the
+/// password. Failed before the shared redactor (the query was printed as written).
+#[test]
+fn no_subcommand_prints_a_query_password_of_a_working_server() {
+    const PW: &str = "Q-s3cret-pw";
+    let sock = std::env::temp_dir().join(format!("dlock-cli-{}.sock", std::process::id()));
+    let redis = Redis::start(&[
+        "--unixsocket",
+        sock.to_str().unwrap(),
+        "--requirepass",
+        PW,
+        "--notify-keyspace-events",
+        "Kghx",
+    ]);
+    let sock = sock.display();
+    let urls = [
+        format!("unix://{sock}?pass={PW}"),
+        format!("redis+unix://{sock}?db=0&pass={PW}"),
+        format!("redis://:{PW}@127.0.0.1:{}/0", redis.port),
+    ];
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    for url in &urls {
+        let _g = rt.block_on(async {
+            dlock_runtime::init_named("cli-secret", url).await.unwrap();
+            dlock_runtime::Lock::new("sec:1")
+                .backend("cli-secret")
+                .ttl(Duration::from_secs(30))
+                .acquire()
+                .await
+                .unwrap()
+        });
+        for args in [
+            &["list"][..],
+            &["list", "--json"],
+            &["show", "sec:1"],
+            &["show", "sec:1", "--json"],
+        ] {
+            let o = dlock(url, args, "");
+            assert_eq!(o.status.code(), Some(0), "{url} {args:?}: {}", text(&o));
+            assert!(text(&o).contains("sec:1"), "{args:?}: {}", text(&o));
+            assert!(!text(&o).contains(PW), "{args:?}: {}", text(&o));
+        }
+        let w = watch_briefly(&["--url", url, "watch", "sec:*"]);
+        assert!(w.contains("watching"), "{w}");
+        assert!(!w.contains(PW), "{w}");
+        let o = dlock(url, &["unlock", "sec:1", "--yes"], "");
+        assert_eq!(o.status.code(), Some(0), "{url}: {}", text(&o));
+        assert!(!text(&o).contains(PW), "{}", text(&o));
+    }
+}
+
+/// Every URL form a driver accepts (or an easy typo of one), with its secret, and nothing
+/// listening: every subcommand fails, and no output shows the secret (each failed before the
+/// shared redactor for at least one form: the raw `/` base64 password and the forgotten scheme
+/// were echoed whole, the query passwords as written).
+#[test]
+fn no_subcommand_prints_a_secret_of_any_url_form_on_failure() {
+    let p = free_port();
+    let forms: Vec<(Vec<String>, &str)> = vec![
+        (
+            vec![format!("redis://:Zm9v/YmFy+@127.0.0.1:{p}")],
+            "Zm9v/YmFy",
+        ),
+        (vec![format!("redis://:Zm9v%2FYmFy@127.0.0.1:{p}")], "Zm9v"),
+        (vec![format!("ops:s3cr3t-pw@127.0.0.1:{p}")], "s3cr3t-pw"),
+        (
+            vec!["unix:///nonexistent/r.sock?pass=s3cr3t-pw".into()],
+            "s3cr3t-pw",
+        ),
+        (
+            vec!["redis+unix:///nonexistent/r.sock?PASS=s3cr3t-pw".into()],
+            "s3cr3t-pw",
+        ),
+        (
+            vec![format!("rediss://u:s3cr3t-pw@127.0.0.1:{p}/0")],
+            "s3cr3t-pw",
+        ),
+        (
+            vec![format!(
+                "postgres://app@127.0.0.1:{p}/app?password=s3cr3t-pw"
+            )],
+            "s3cr3t-pw",
+        ),
+        (
+            vec![format!("postgresql://app:s3cr3t-pw@127.0.0.1:{p}/app")],
+            "s3cr3t-pw",
+        ),
+        (
+            vec![format!("mysql://root@127.0.0.1:{p}/t?password=s3cr3t-pw")],
+            "s3cr3t-pw",
+        ),
+        (vec![format!("zk://ops:s3cr/3t-pw@127.0.0.1:{p}")], "3t-pw"),
+        (
+            vec![format!("etcd://127.0.0.1:{p}?token=s3cr3t-pw")],
+            "s3cr3t-pw",
+        ),
+        (
+            vec![format!("etcds://ops:s3cr3t-pw@127.0.0.1:{p}")],
+            "s3cr3t-pw",
+        ),
+    ];
+    let mut runs: Vec<(Vec<String>, &str, Vec<String>)> = Vec::new();
+    for (urls, secret) in &forms {
+        for extra in [
+            &[][..],
+            &["--redlock"],
+            &["--cluster"],
+            &["--sentinel", "m"],
+        ] {
+            let mut urls = urls.clone();
+            if !extra.is_empty() {
+                urls.push(format!("redis://127.0.0.1:{p}"));
+            }
+            runs.push((urls, secret, extra.iter().map(|s| s.to_string()).collect()));
+        }
+    }
+    for (urls, secret, extra) in runs {
+        let mut base: Vec<String> = urls
+            .iter()
+            .flat_map(|u| ["--url".into(), u.clone()])
+            .collect();
+        base.extend(extra);
+        for args in [
+            &["list"][..],
+            &["list", "--json"],
+            &["show", "x"],
+            &["show", "x", "--json"],
+            &["unlock", "x", "--yes"],
+        ] {
+            let mut all = base.clone();
+            all.extend(args.iter().map(|s| s.to_string()));
+            let all: Vec<&str> = all.iter().map(String::as_str).collect();
+            let o = dlock("redis://127.0.0.1:1", &all, "");
+            assert_ne!(o.status.code(), Some(0), "{all:?}: {}", text(&o));
+            assert!(!text(&o).contains(secret), "{all:?}: {}", text(&o));
+        }
+        let mut all: Vec<&str> = base.iter().map(String::as_str).collect();
+        all.push("watch");
+        let w = watch_briefly(&all);
+        assert!(!w.contains(secret), "{all:?}: {w}");
+    }
+}
+
+/// Lock names come from end users (`key = "user:{name}"`): control characters in a name (ESC,
+/// CR, LF) reached the operator's terminal raw in `list`, `show`, `watch`, `unlock` and the
+/// error lines, where they can hide or forge rows. Every text output now escapes them; JSON
+/// escapes them by itself.
+#[test]
+fn control_characters_in_lock_names_never_reach_the_terminal_raw() {
+    const EVIL: &str = "evil\u{1b}[2K\rok\nforged\u{9b}row";
+    let redis = Redis::start(&["--notify-keyspace-events", "Kghx"]);
+    let url = redis.url();
+    let raw = |o: &str| o.contains(['\u{1b}', '\r', '\u{9b}']);
+    let w_url = url.clone();
+    let watcher = std::thread::spawn(move || watch_briefly(&["--url", &w_url, "watch"]));
+    std::thread::sleep(Duration::from_millis(500));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt.block_on(async {
+        dlock_runtime::init_named("cli-evil", &url).await.unwrap();
+        dlock_runtime::Lock::new(EVIL)
+            .backend("cli-evil")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap()
+    });
+    let w = watcher.join().unwrap();
+    assert!(w.contains("evil"), "the watch saw nothing: {w:?}");
+    assert!(!raw(&w), "watch: {w:?}");
+    for args in [
+        &["list"][..],
+        &["show", EVIL],
+        &["show", &format!("{EVIL}-not-held")],
+        &["unlock", EVIL],
+    ] {
+        let o = dlock(&url, args, "n\n");
+        let t = text(&o);
+        assert!(t.contains("evil"), "{args:?}: {t:?}");
+        assert!(!raw(&t), "{args:?}: {t:?}");
+        // No line was forged: the name stays on one line.
+        assert!(
+            !t.lines().any(|l| l.starts_with("forged")),
+            "{args:?}: {t:?}"
+        );
+    }
+    let o = dlock(&url, &["list", "--json"], "");
+    assert!(!raw(&text(&o)), "{:?}", text(&o));
+    let o = dlock(&url, &["unlock", EVIL, "--yes"], "");
+    assert_eq!(o.status.code(), Some(0), "{:?}", text(&o));
+    assert!(!raw(&text(&o)), "{:?}", text(&o));
+    drop(g);
+}

@@ -26,8 +26,11 @@ mod key;
 mod lock;
 mod metrics;
 mod policy;
+mod redact;
 mod registry;
 mod scripts;
+#[cfg(test)]
+mod test_capture;
 mod wait;
 mod watchdog;
 #[cfg(feature = "axum")]

@@ -133,8 +133,39 @@ const FIELDS: [&str; 7] = [
     "on_lost",
 ];
 
+/// Warns when `name` and another known policy map to the same `DLOCK_POLICY_<NAME>_*`
+/// variables (`pay-ments`, `pay.ments`, `pay_ments` all give `PAY_MENTS`): one variable would
+/// silently override both.
+fn warn_shared_env_names(name: &str) {
+    let mine = policy_env_var(name, "");
+    let mut others: Vec<String> = POLICIES
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .keys()
+        .chain(
+            FILE_POLICIES
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .keys(),
+        )
+        .filter(|n| n.as_str() != name && policy_env_var(n, "") == mine)
+        .cloned()
+        .collect();
+    others.sort();
+    others.dedup();
+    for other in others {
+        tracing::warn!(
+            policy = name,
+            other = %other,
+            "dlock: policies `{name}` and `{other}` share the environment variables {mine}*: \
+             an override there applies to both; rename one (letters and digits decide the name)"
+        );
+    }
+}
+
 /// Defines (or replaces) the policy `name` in code.
 pub fn define_policy(name: &str, policy: Policy) {
+    warn_shared_env_names(name);
     POLICIES
         .write()
         .unwrap_or_else(|e| e.into_inner())
@@ -199,6 +230,9 @@ pub fn load_policies_str(text: &str) -> Result<(), LockError> {
             parsed.push((name.clone(), p));
         }
     }
+    for (name, _) in &parsed {
+        warn_shared_env_names(name);
+    }
     let mut map = FILE_POLICIES.write().unwrap_or_else(|e| e.into_inner());
     for (name, p) in parsed {
         let merged = match map.get(&name) {
@@ -226,8 +260,64 @@ pub fn policy_env_var(name: &str, field: &str) -> String {
     format!("DLOCK_POLICY_{}_{}", mangle(name), mangle(field))
 }
 
+/// The `DLOCK_POLICY_<NAME>_*` variables of `name` that name no field (a typo such as
+/// `…_TLL` or `…_TIMEOUT`), leaving out those that are another known policy's field variable
+/// (`pay` and `pay_ments` share a prefix).
+fn unknown_env_vars(name: &str) -> Vec<(String, String)> {
+    let prefix = policy_env_var(name, "");
+    let known = |var: &str| {
+        let names = POLICIES
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .keys()
+            .chain(
+                FILE_POLICIES
+                    .read()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .keys(),
+            )
+            .cloned()
+            .collect::<Vec<_>>();
+        std::iter::once(name.to_string())
+            .chain(names)
+            .any(|n| FIELDS.iter().any(|f| policy_env_var(&n, f) == var))
+    };
+    let mut out: Vec<(String, String)> = std::env::vars_os()
+        .filter_map(|(k, _)| k.into_string().ok())
+        .filter_map(|k| {
+            let field = k.strip_prefix(&prefix)?.to_string();
+            (!known(&k)).then_some((k, field))
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Warns once per variable about [`unknown_env_vars`]: the TOML layer refuses an unknown
+/// field, the environment layer cannot (it only reads names), so it says so instead.
+fn warn_unknown_env_vars(name: &str) {
+    static WARNED: LazyLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        LazyLock::new(Default::default);
+    for (var, field) in unknown_env_vars(name) {
+        let first = WARNED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(var.clone());
+        if first {
+            tracing::warn!(
+                policy = name,
+                variable = %var,
+                field = %field,
+                "dlock: {var} is ignored: `{field}` is no field of policy `{name}` (fields: {})",
+                FIELDS.join(", ")
+            );
+        }
+    }
+}
+
 /// The environment layer of `name`: `None` when no variable for it is set.
 fn env_layer(name: &str) -> Result<Option<Policy>, LockError> {
+    warn_unknown_env_vars(name);
     let mut p = Policy::new();
     let mut any = false;
     for field in FIELDS {
@@ -361,6 +451,71 @@ mod tests {
             policy_env_var("nightly-report.v2", "on_busy"),
             "DLOCK_POLICY_NIGHTLY_REPORT_V2_ON_BUSY"
         );
+    }
+
+    /// A misspelt field variable (`…_TLL`, `…_TIMEOUT`) was ignored without a word; it is now
+    /// a warning naming the variable and the unknown field. Another policy's variable sharing
+    /// the prefix (`unit-typo` vs `unit-typo_x`) is not reported.
+    #[test]
+    fn a_misspelt_policy_variable_is_warned_about() {
+        crate::test_capture::install();
+        define_policy("unit-typo", Policy::new());
+        define_policy("unit-typo_x", Policy::new());
+        // SAFETY: test-only variables no other test reads.
+        unsafe {
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_TLL", "5s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_TIMEOUT", "2s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_WAIT", "1s");
+            std::env::set_var("DLOCK_POLICY_UNIT_TYPO_X_TTL", "3s");
+        }
+        let p = policy("unit-typo").unwrap();
+        assert_eq!(p.wait, Some(Duration::from_secs(1)));
+        let warned = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_");
+        for (var, field) in [
+            ("DLOCK_POLICY_UNIT_TYPO_TLL", "TLL"),
+            ("DLOCK_POLICY_UNIT_TYPO_TIMEOUT", "TIMEOUT"),
+        ] {
+            assert!(
+                warned.iter().any(|w| w.starts_with("WARN")
+                    && w.contains(var)
+                    && w.contains(&format!("`{field}`"))),
+                "no warning for {var}: {warned:#?}"
+            );
+        }
+        assert!(
+            warned
+                .iter()
+                .all(|w| !w.contains("_WAIT") && !w.contains("_X_TTL")),
+            "{warned:#?}"
+        );
+        // Once per variable.
+        let _ = policy("unit-typo").unwrap();
+        let again = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_TLL is ignored");
+        assert_eq!(again.len(), 1, "{again:#?}");
+    }
+
+    /// `pay-ments` and `pay.ments` both read `DLOCK_POLICY_PAY_MENTS_*`: one variable silently
+    /// overrode both. Defining the second (in code or in a file) now warns, naming both.
+    #[test]
+    fn policies_sharing_environment_variables_are_warned_about() {
+        crate::test_capture::install();
+        define_policy("unit-pay-ments", Policy::new());
+        define_policy("unit.pay.ments", Policy::new());
+        load_policies_str("[policy.\"unit_pay_ments\"]\nttl = \"1s\"\n").unwrap();
+        let w = crate::test_capture::containing("DLOCK_POLICY_UNIT_PAY_MENTS_");
+        assert!(
+            w.iter().any(|l| l.starts_with("WARN")
+                && l.contains("`unit.pay.ments`")
+                && l.contains("`unit-pay-ments`")),
+            "{w:#?}"
+        );
+        assert!(
+            w.iter().any(|l| l.contains("`unit_pay_ments`")),
+            "the file's policy too: {w:#?}"
+        );
+        // A policy alone is not reported.
+        define_policy("unit-alone-policy", Policy::new());
+        assert!(crate::test_capture::containing("UNIT_ALONE_POLICY").is_empty());
     }
 
     #[test]

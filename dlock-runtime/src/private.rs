@@ -155,7 +155,12 @@ pub async fn run_locked<F: Future>(
     key: String,
     body: F,
 ) -> Result<F::Output, LockError> {
-    let r = spec.resolve()?;
+    // A configuration failure (unknown policy, bad environment value) is counted as the
+    // unknown-backend and invalid-name failures are: a `skip` job that never runs shows up.
+    let r = spec.resolve().map_err(|e| {
+        let backend = spec.backend.unwrap_or(crate::DEFAULT_BACKEND);
+        crate::metrics::setup_error(&crate::metrics::Labels::new(backend, spec.fn_name), e)
+    })?;
     let mut lock = Lock::new(key)
         .ttl(r.ttl)
         .wait(r.wait)
@@ -291,6 +296,18 @@ impl KeyBuf {
     pub fn finish(self) -> String {
         self.0
     }
+}
+
+/// The characters a value escapes (besides `\\`) when `next_literal` follows its placeholder
+/// (empty at the end of a template): the first character of that literal. The macro computes
+/// the same set at compile time (`template::special_after`); `path_key` and `header_key` use
+/// this function.
+pub fn key_special(next_literal: &str) -> String {
+    next_literal
+        .chars()
+        .next()
+        .map(String::from)
+        .unwrap_or_default()
 }
 
 /// Compile-time check helpers: the expansion calls these with `quote_spanned!` at the user's

@@ -144,8 +144,10 @@ where
     }
 }
 
-/// A key from a request header: `prefix` followed by the header's value (a missing or non-UTF-8
-/// header gives no key). Built by [`header_key`].
+/// A key from a request header: `prefix` followed by the header's value, escaped as the
+/// attribute escapes a trailing value (a `\` is doubled), so `header_key("x-tenant", "tenant:")`
+/// and `key = "tenant:{t}"` name the same lock for one tenant (a missing or non-visible-ASCII
+/// header gives no key; of repeated headers the first is used). Built by [`header_key`].
 #[derive(Debug, Clone)]
 pub struct HeaderKey {
     name: HeaderName,
@@ -169,7 +171,12 @@ impl<B> KeyExtractor<B> for HeaderKey {
         if v.is_empty() {
             return None;
         }
-        Some(format!("{}{}", self.prefix, v))
+        // Escaped as the attribute escapes a trailing value (`\` doubled), so that
+        // `header_key("x-tenant", "tenant:")` and `key = "tenant:{t}"` name the same lock.
+        let mut k = crate::private::KeyBuf::with_capacity(self.prefix.len() + v.len());
+        k.lit(&self.prefix);
+        k.value(v, &crate::private::key_special(""));
+        Some(k.finish())
     }
 }
 
@@ -249,14 +256,27 @@ pub fn path_key(route: &str, template: &str) -> Result<PathKey, LockError> {
                         None => return Err(bad("unclosed `{`")),
                     }
                 }
-                let idx = index_of(&name)
+                // Trimmed, as the attribute trims `{ id }`.
+                let name = name.trim();
+                let idx = index_of(name)
                     .ok_or_else(|| bad(&format!("the route has no parameter `{name}`")))?;
                 if !lit.is_empty() {
                     out.push(Part::Lit(std::mem::take(&mut lit)));
+                } else if matches!(out.last(), Some(Part::Param(..))) {
+                    // The attribute's rule: `k:{a}{b}` renders `1`,`23` and `12`,`3` alike.
+                    return Err(bad(
+                        "two placeholders with nothing between them make keys ambiguous; put a separator between them",
+                    ));
                 }
                 out.push(Part::Param(idx, String::new()));
             }
             '}' => return Err(bad("unmatched `}`")),
+            '\\' if lit.is_empty() && matches!(out.last(), Some(Part::Param(..))) => {
+                // The attribute's rule: values escape with `\`, so a `\` separator is ambiguous.
+                return Err(bad(
+                    "a `\\` right after a placeholder makes keys ambiguous (values escape with `\\`); use another separator",
+                ));
+            }
             c => lit.push(c),
         }
     }
@@ -266,13 +286,11 @@ pub fn path_key(route: &str, template: &str) -> Result<PathKey, LockError> {
     // The special characters of a placeholder: the first character of the literal after it.
     for i in 0..out.len() {
         let next = match out.get(i + 1) {
-            Some(Part::Lit(l)) => l.chars().next(),
-            _ => None,
+            Some(Part::Lit(l)) => crate::private::key_special(l),
+            _ => crate::private::key_special(""),
         };
-        if let Part::Param(_, special) = &mut out[i]
-            && let Some(c) = next
-        {
-            special.push(c);
+        if let Part::Param(_, special) = &mut out[i] {
+            *special = next;
         }
     }
     Ok(PathKey {
@@ -534,6 +552,44 @@ mod tests {
         assert_eq!(k.key_for_path("/accounts/%FF/settle"), None, "not UTF-8");
         assert!(path_key("/a/{id}", "x:{nope}").is_err());
         assert!(path_key("/a/{id}", "x:{id").is_err());
+    }
+
+    /// The two template shapes the attribute rejects as ambiguous are rejected here too:
+    /// `k:{a}{b}` gave `k:123` for both `/t/1/23` and `/t/12/3`, and `k:{a}\{b}` gave the same
+    /// key for `/t/1/\2` and `/t/1\/2`. `{ a }` is trimmed as the attribute trims it.
+    #[test]
+    fn path_key_rejects_the_templates_the_attribute_rejects() {
+        let e = path_key("/t/{a}/{b}", "k:{a}{b}").unwrap_err().to_string();
+        assert!(e.contains("ambiguous"), "{e}");
+        let e = path_key("/t/{a}/{b}", r"k:{a}\{b}")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("ambiguous"), "{e}");
+        // Still fine: a separator between them, a `\` elsewhere, braces escaped.
+        assert!(path_key("/t/{a}/{b}", "k:{a}:{b}").is_ok());
+        assert!(path_key("/t/{a}/{b}", r"k\:{a}:{b}").is_ok());
+        assert!(path_key("/t/{a}", "k:{a}{{x}}").is_ok());
+        let k = path_key("/t/{a}", "k:{ a }").unwrap();
+        assert_eq!(k.key_for_path("/t/1").as_deref(), Some("k:1"));
+    }
+
+    /// `header_key` escapes its value as the attribute escapes a trailing value: before, a
+    /// tenant `a\b` was `tenant:a\b` through the layer but `tenant:a\\b` through
+    /// `key = "tenant:{t}"`, two different locks for one tenant.
+    #[test]
+    fn header_key_names_the_lock_the_attribute_names() {
+        let hk = header_key("x-tenant", "tenant:").unwrap();
+        for v in [r"a\b", "acme", r"x\\:y", "a:b"] {
+            let req = Request::builder().header("x-tenant", v).body(()).unwrap();
+            let mut k = crate::private::KeyBuf::default();
+            k.lit("tenant:");
+            k.value(&v, "");
+            assert_eq!(
+                KeyExtractor::<()>::extract(&hk, &req),
+                Some(k.finish()),
+                "{v}"
+            );
+        }
     }
 
     #[test]

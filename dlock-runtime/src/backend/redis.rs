@@ -644,22 +644,9 @@ impl SubTask {
     }
 }
 
-/// Replaces the password of a URL with `***`.
+/// The URL with every secret replaced by `***` (see `crate::redact`).
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some(scheme_end) = url.find("://") else {
-        return url.to_string();
-    };
-    let rest = &url[scheme_end + 3..];
-    let auth_end = rest.find('/').unwrap_or(rest.len());
-    let Some(at) = rest[..auth_end].rfind('@') else {
-        return url.to_string();
-    };
-    let userinfo = &rest[..at];
-    let user = match userinfo.find(':') {
-        Some(colon) => format!("{}:***", &userinfo[..colon]),
-        None => "***".to_string(),
-    };
-    format!("{}://{}@{}", &url[..scheme_end], user, &rest[at + 1..])
+    crate::redact::redact_url(url)
 }
 
 /// Sends `pipe` (an acquire [`scripts::evalsha`] and a `WAIT`); a `NOSCRIPT` answer to the

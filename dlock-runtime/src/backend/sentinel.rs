@@ -45,7 +45,14 @@ impl fmt::Debug for SentinelBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SentinelBuilder")
             .field("master_name", &self.master_name)
-            .field("sentinels", &self.sentinels)
+            .field(
+                "sentinels",
+                &self
+                    .sentinels
+                    .iter()
+                    .map(|u| super::redis::redact_url(u))
+                    .collect::<Vec<_>>(),
+            )
             .field("min_replicas", &self.min_replicas)
             .field("db", &self.db)
             .finish_non_exhaustive()

@@ -121,10 +121,13 @@ impl EtcdAdmin {
                 "cannot use this etcd URL: no endpoint given",
             ));
         }
-        let shown = match &userinfo {
-            Some((user, _)) => format!("etcd://{user}@{}", eps.join(",")),
-            None => format!("etcd://{}", eps.join(",")),
-        };
+        let shown = crate::redact::scrub(
+            &match &userinfo {
+                Some((user, _)) => format!("etcd://{user}@{}", eps.join(",")),
+                None => format!("etcd://{}", eps.join(",")),
+            },
+            url,
+        );
         let secret = userinfo.as_ref().map(|(_, p)| p.clone());
         let mut opts = etcd::ConnectOptions::new()
             .with_connect_timeout(CALL_TIMEOUT)

@@ -102,48 +102,6 @@ pub(crate) fn split_admin_params(url: &str) -> Result<AdminUrl, AdminError> {
     Ok(AdminUrl { url, table, mode })
 }
 
-/// The password of a `scheme://user:password@host` URL, as written and percent-decoded.
-fn secrets_of(url: &str) -> Vec<String> {
-    let Some((_, rest)) = url.split_once("://") else {
-        return Vec::new();
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or("");
-    let Some((auth, _)) = authority.rsplit_once('@') else {
-        return Vec::new();
-    };
-    let Some((_, pw)) = auth.split_once(':') else {
-        return Vec::new();
-    };
-    if pw.is_empty() {
-        return Vec::new();
-    }
-    let mut v = vec![pw.to_string()];
-    let decoded = percent_decode(pw);
-    if decoded != pw && !decoded.is_empty() {
-        v.push(decoded);
-    }
-    v
-}
-
-fn percent_decode(s: &str) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%'
-            && let Some(h) = s.get(i + 1..i + 3)
-            && let Ok(v) = u8::from_str_radix(h, 16)
-        {
-            out.push(v);
-            i += 3;
-            continue;
-        }
-        out.push(b[i]);
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// Messages with any occurrence of the URL's password replaced by `***` (the drivers do not
 /// print it; this is the second line of defence).
 #[derive(Clone, Default)]
@@ -151,7 +109,7 @@ struct Scrub(Vec<String>);
 
 impl Scrub {
     fn of(url: &str) -> Scrub {
-        Scrub(secrets_of(url))
+        Scrub(crate::redact::secrets_of(url))
     }
 
     fn clean(&self, msg: String) -> String {

@@ -87,26 +87,9 @@ pub(crate) fn micros(d: Duration) -> i64 {
     i64::try_from(d.as_micros()).unwrap_or(i64::MAX).max(1)
 }
 
-/// Hides the password of a `scheme://user:password@host/...` URL.
+/// The URL with every secret replaced by `***` (see `crate::redact`).
 pub(crate) fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return "<unparsable url>".to_string();
-    };
-    let (auth, host) = match rest.rsplit_once('@') {
-        Some((a, h)) => (Some(a), h),
-        None => (None, rest),
-    };
-    match auth {
-        Some(a) => {
-            let user = a.split_once(':').map(|(u, _)| u).unwrap_or(a);
-            if a.contains(':') {
-                format!("{scheme}://{user}:***@{host}")
-            } else {
-                format!("{scheme}://{user}@{host}")
-            }
-        }
-        None => format!("{scheme}://{host}"),
-    }
+    crate::redact::redact_url(url)
 }
 
 #[cfg(test)]

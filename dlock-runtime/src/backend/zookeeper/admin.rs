@@ -95,7 +95,9 @@ impl ZookeeperAdmin {
             AdminError::unsupported(format!("cannot use this ZooKeeper URL: {e}"))
         };
         let u = parse_url(url).map_err(unusable)?;
-        let (userinfo, hosts, shown) = (u.userinfo.clone(), u.hosts, u.shown());
+        let (userinfo, hosts) = (u.userinfo.clone(), u.hosts);
+        // A raw `/` in the password leaves it in `hosts`: scrub the display as a whole.
+        let shown = crate::redact::scrub(&u.shown(), url);
         let secret = userinfo.as_ref().map(|(_, p)| p.clone());
         let mut connector = zk::Client::connector();
         connector
