@@ -1197,6 +1197,84 @@ mod on_postgres {
         g3.release().await.unwrap();
     }
 
+    /// sql.md #1: an acquire abandoned while its grant commits (here: a commit that waits for a
+    /// synchronous standby that does not exist, until the test empties
+    /// `synchronous_standby_names` 1 s later; `statement_timeout` does not end that wait) is
+    /// given back after that commit, not before it on another pooled connection (where it found
+    /// nothing and the grant then blocked the name for its whole ttl of 30 s). Another backend
+    /// gets the name about when the abandoned commit ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_try_is_given_back_after_its_grant_commits_not_before() {
+        let srv = tokio::task::spawn_blocking(PgProc::start).await.unwrap();
+        let a: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&srv.url())
+                .connect()
+                .await
+                .expect("backend a"),
+        );
+        let b: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&srv.url())
+                .synchronous_commit(false)
+                .connect()
+                .await
+                .expect("backend b"),
+        );
+        // Make the row of "o" exist (a first grant inserts it, which would make b wait on the
+        // insert), then make every durable commit wait for a ghost.
+        // a's pool gets several idle connections (concurrent acquires), so that its give-back
+        // could run on another one than the abandoned try's.
+        for be in [&a, &b] {
+            let l = |n: &'static str| Lock::new(n).with_backend(be.clone());
+            let (l1, l2, l3, l4) = (l("o"), l("w1"), l("w2"), l("w3"));
+            let (g1, g2, g3, g4) =
+                tokio::join!(l1.acquire(), l2.acquire(), l3.acquire(), l4.acquire());
+            for g in [g1, g2, g3, g4] {
+                g.unwrap().release().await.unwrap();
+            }
+        }
+        let admin = common::sql::pg_admin(&srv.url()).await;
+        for q in [
+            "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+            "SELECT pg_reload_conf()",
+        ] {
+            admin.batch_execute(q).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            Lock::new("o")
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone())
+                .acquire(),
+        )
+        .await;
+        assert!(r.is_err(), "the grant's commit should still be waiting");
+        let url = srv.url();
+        let unblock = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let admin = common::sql::pg_admin(&url).await;
+            for q in [
+                "ALTER SYSTEM SET synchronous_standby_names = ''",
+                "SELECT pg_reload_conf()",
+            ] {
+                admin.batch_execute(q).await.unwrap();
+            }
+        });
+        let g = Lock::new("o")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(5))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("the abandoned grant was given back after its commit");
+        // The abandoned commit ends at about 1 s; the give-back follows it on the same
+        // connection, and its NOTIFY wakes b.
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        unblock.await.unwrap();
+        g.release().await.unwrap();
+    }
+
     async fn private_backend(srv: &PgProc) -> Arc<dyn Backend> {
         Arc::new(
             dlock::PostgresBackend::builder(&srv.url())

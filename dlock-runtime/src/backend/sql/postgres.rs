@@ -947,6 +947,8 @@ impl PostgresBackendBuilder {
                 releases: std::sync::atomic::AtomicU64::new(0),
                 prepared: self.prepared_statements,
                 functions: std::sync::atomic::AtomicBool::new(false),
+                tries: Mutex::default(),
+                statement_timeout: self.statement_timeout,
             }),
         };
         if self.create_schema {
@@ -1044,6 +1046,61 @@ struct Inner {
     /// Calls of the server functions instead of the statements (see `server_functions`); set
     /// once at connect.
     functions: std::sync::atomic::AtomicBool,
+    /// Acquire statements whose reply has not been read (yet), per (name, owner): the give-back
+    /// of such an owner is ordered behind its try (see [`TrySlot`]).
+    tries: Mutex<std::collections::HashMap<(String, String), Arc<TrySlot>>>,
+    /// How long the server lets one statement run (its `statement_timeout`; for a caller's pool,
+    /// the builder's value is assumed).
+    statement_timeout: Duration,
+}
+
+/// An acquire statement of one owner, from just before it is sent until its reply is read. A
+/// try whose reply is never read (its future dropped, an `op_timeout`, a broken connection) may
+/// still be running on the server, and a grant that is committing is invisible to another
+/// session: a give-back on another pooled connection would answer `NotOwner` and the grant
+/// would then commit for nobody (sql.md #1). So the abandoned try's connection is kept here,
+/// out of the pool, and the give-back of that owner is sent on it: one connection runs its
+/// statements in order, so the release runs after the try whatever it did.
+struct TrySlot {
+    state: Mutex<TryState>,
+    /// `true` once the try is no longer in flight (answered or abandoned).
+    settled: tokio_watch::Sender<bool>,
+}
+
+enum TryState {
+    InFlight,
+    /// The reply was not read. `conn`: the connection the statement was sent on (`None`: it was
+    /// never sent, the try was dropped while waiting for a connection); `at`: when.
+    Abandoned {
+        conn: Option<deadpool_postgres::Object>,
+        at: std::time::Instant,
+    },
+}
+
+/// Drop guard of an acquire statement in flight (see [`TrySlot`]).
+struct TryGuard<'a> {
+    inner: &'a Inner,
+    key: (String, String),
+    slot: Arc<TrySlot>,
+    conn: Option<deadpool_postgres::Object>,
+    answered: bool,
+}
+
+impl Drop for TryGuard<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            let mut m = locked(&self.inner.tries);
+            if m.get(&self.key).is_some_and(|s| Arc::ptr_eq(s, &self.slot)) {
+                m.remove(&self.key);
+            }
+        } else {
+            *locked(&self.slot.state) = TryState::Abandoned {
+                conn: self.conn.take(),
+                at: std::time::Instant::now(),
+            };
+        }
+        self.slot.settled.send_replace(true);
+    }
 }
 
 /// The identity of a listening session, by which this process queues: its own channel
@@ -1419,17 +1476,100 @@ impl PostgresBackend {
         let prepared = self.inner.prepared;
         bounded(name, what, self.inner.op_timeout, async {
             let c = pool.get().await?;
-            if !prepared {
-                return Ok::<_, DynError>(c.query_typed(sql, params).await?);
-            }
-            // Parsed and planned once per connection (a generic plan after PostgreSQL's first
-            // custom ones), then one Bind/Execute per call.
-            let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-            let st = c.prepare_typed_cached(sql, &types).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            Ok(c.query(&st, &values).await?)
+            run_on(&c, prepared, sql, params).await
         })
         .await
+    }
+
+    /// An acquire statement of `owner`, tracked until its reply is read (see [`TrySlot`]).
+    async fn query_try(
+        &self,
+        name: &str,
+        owner: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, LockError> {
+        let key = (name.to_string(), owner.to_string());
+        let slot = Arc::new(TrySlot {
+            state: Mutex::new(TryState::InFlight),
+            settled: tokio_watch::Sender::new(false),
+        });
+        {
+            let mut m = locked(&self.inner.tries);
+            if m.len() >= 1024 {
+                // Abandoned tries nobody gave back (no runtime was left for the give-back): the
+                // statement is long over; forget them.
+                m.retain(|_, s| {
+                    !matches!(&*locked(&s.state),
+                        TryState::Abandoned { at, .. } if at.elapsed() > Duration::from_secs(60))
+                });
+            }
+            m.insert(key.clone(), slot.clone());
+        }
+        let mut g = TryGuard {
+            inner: &self.inner,
+            key,
+            slot,
+            conn: None,
+            answered: false,
+        };
+        let pool = &self.inner.pool;
+        let prepared = self.inner.prepared;
+        let r = bounded(
+            name,
+            "the acquire statement",
+            self.inner.op_timeout,
+            async {
+                let c = g.conn.insert(pool.get().await?);
+                run_on(c, prepared, sql, params).await
+            },
+        )
+        .await;
+        if r.is_ok() {
+            g.answered = true;
+        }
+        r
+    }
+
+    /// Before the release of `owner`: when a try of that owner is in flight, waits (bounded)
+    /// until it is answered or abandoned. Returns the abandoned try's connection, and until when
+    /// a `NotOwner` answer cannot be trusted (the try's connection broke, so its statement may
+    /// still commit in a session we cannot order behind: the server's `statement_timeout` ends
+    /// it by then).
+    async fn settle_try(
+        &self,
+        name: &str,
+        owner: &str,
+    ) -> (
+        Option<Arc<TrySlot>>,
+        Option<deadpool_postgres::Object>,
+        Option<std::time::Instant>,
+    ) {
+        let key = (name.to_string(), owner.to_string());
+        let Some(slot) = locked(&self.inner.tries).get(&key).cloned() else {
+            return (None, None, None);
+        };
+        let mut rx = slot.settled.subscribe();
+        let _ = tokio::time::timeout(self.inner.op_timeout, rx.wait_for(|d| *d)).await;
+        let margin = self.inner.statement_timeout + Duration::from_secs(1);
+        let (conn, unsure) = match &mut *locked(&slot.state) {
+            TryState::InFlight => (None, Some(std::time::Instant::now() + margin)),
+            TryState::Abandoned { conn, at } => match conn.take() {
+                Some(c) if !c.is_closed() => (Some(c), None),
+                Some(_) => (None, Some(*at + margin)),
+                None => (None, None),
+            },
+        };
+        (Some(slot), conn, unsure)
+    }
+
+    /// The give-back of `owner` was answered: its try needs no more tracking.
+    fn try_settled(&self, name: &str, owner: &str, slot: &Arc<TrySlot>) {
+        let key = (name.to_string(), owner.to_string());
+        let mut m = locked(&self.inner.tries);
+        if m.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            m.remove(&key);
+        }
     }
 
     /// Every 256th freeing release, deletes rows idle for five minutes, in the background.
@@ -1524,6 +1664,24 @@ impl PostgresBackend {
             Ok(Ok(_))
         )
     }
+}
+
+/// Runs `sql` on the connection `c`: unnamed, or prepared once per connection (`prepared`).
+async fn run_on(
+    c: &deadpool_postgres::Object,
+    prepared: bool,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, DynError> {
+    if !prepared {
+        return Ok(c.query_typed(sql, params).await?);
+    }
+    // Parsed and planned once per connection (a generic plan after PostgreSQL's first custom
+    // ones), then one Bind/Execute per call.
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    let st = c.prepare_typed_cached(sql, &types).await?;
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    Ok(c.query(&st, &values).await?)
 }
 
 pub(crate) fn hex_name(payload: &str) -> Option<String> {
@@ -1772,9 +1930,9 @@ impl Backend for PostgresBackend {
             let me = self.queue_as(name);
             let rows = match &me {
                 None => {
-                    self.query(
+                    self.query_try(
                         name,
-                        "the acquire statement",
+                        owner,
                         self.sql_for(|s| &s.acquire, |f| &f.acquire),
                         &[
                             (&name.as_bytes(), Type::BYTEA),
@@ -1787,9 +1945,9 @@ impl Backend for PostgresBackend {
                 Some(m) => {
                     self.before_queueing(name, m).await;
                     let rows = self
-                        .query(
+                        .query_try(
                             name,
-                            "the acquire statement",
+                            owner,
                             self.sql_for(|s| &s.fifo.acquire, |f| &f.fifo.acquire),
                             &[
                                 (&name.as_bytes(), Type::BYTEA),
@@ -1845,73 +2003,102 @@ impl Backend for PostgresBackend {
                 return a.release(name, owner, keep_for, all).await;
             }
             let keep: Option<i64> = keep_for.filter(|k| !k.is_zero()).map(micros);
-            let rows = if self
+            // A try of this owner whose reply was not read: the release goes behind it.
+            let (slot, mut conn, unsure) = self.settle_try(name, owner).await;
+            let fifo = self
                 .inner
                 .queueing
                 .fifo
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
-                // The v2 release wakes the next queued process; callers of this process that
-                // wait for the name queue behind the others.
-                let me = self.queue_as(name);
-                if let Some(m) = &me {
-                    self.before_queueing(name, m).await;
-                }
-                let (ch, pid, started) = match &me {
-                    Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
-                    None => (None, None, None),
-                };
-                if me.is_none() && !self.uses_server_functions() {
-                    let rows = self
-                        .query(
+                .load(std::sync::atomic::Ordering::Relaxed);
+            // The v2 release wakes the next queued process; callers of this process that wait
+            // for the name queue behind the others.
+            let me = if fifo { self.queue_as(name) } else { None };
+            if let Some(m) = &me {
+                self.before_queueing(name, m).await;
+            }
+            let (ch, pid, started) = match &me {
+                Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
+                None => (None, None, None),
+            };
+            let name_b = name.as_bytes();
+            let base: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&name_b, Type::BYTEA),
+                (&owner, Type::TEXT),
+                (&all, Type::BOOL),
+                (&keep, Type::INT8),
+            ];
+            let light = fifo && me.is_none() && !self.uses_server_functions();
+            let (sql, params): (&str, Vec<(&(dyn ToSql + Sync), Type)>) = if !fifo {
+                (self.sql_for(|s| &s.release, |f| &f.release), base.to_vec())
+            } else if light {
+                (&self.inner.sql.fifo.release_light, base.to_vec())
+            } else {
+                let mut p = base.to_vec();
+                p.extend([
+                    (&ch as &(dyn ToSql + Sync), Type::TEXT),
+                    (&pid, Type::INT4),
+                    (&started, Type::INT8),
+                ]);
+                (self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release), p)
+            };
+            let rows = loop {
+                let r = match &conn {
+                    // On the abandoned try's own connection: after it, whatever it did.
+                    Some(c) => {
+                        bounded(
                             name,
                             "the release statement",
-                            &self.inner.sql.fifo.release_light,
-                            &[
-                                (&name.as_bytes(), Type::BYTEA),
-                                (&owner, Type::TEXT),
-                                (&all, Type::BOOL),
-                                (&keep, Type::INT8),
-                            ],
+                            self.inner.op_timeout,
+                            run_on(c, self.inner.prepared, sql, &params),
                         )
-                        .await?;
-                    if rows.first().is_some_and(|r| {
-                        r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true)
-                    }) {
-                        self.spawn_cleanup(name);
+                        .await
                     }
-                    rows
-                } else {
-                    self.query(
-                        name,
-                        "the release statement",
-                        self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release),
-                        &[
-                            (&name.as_bytes(), Type::BYTEA),
-                            (&owner, Type::TEXT),
-                            (&all, Type::BOOL),
-                            (&keep, Type::INT8),
-                            (&ch, Type::TEXT),
-                            (&pid, Type::INT4),
-                            (&started, Type::INT8),
-                        ],
-                    )
-                    .await?
+                    None => {
+                        self.query(name, "the release statement", sql, &params)
+                            .await
+                    }
+                };
+                let rows = match r {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // Unanswered: a retry goes on the same connection, while it lives.
+                        if let (Some(s), Some(c)) = (&slot, conn.take())
+                            && !c.is_closed()
+                        {
+                            let mut st = locked(&s.state);
+                            if let TryState::Abandoned {
+                                conn: slot_conn, ..
+                            } = &mut *st
+                            {
+                                *slot_conn = Some(c);
+                            }
+                        }
+                        return Err(e);
+                    }
+                };
+                // The try's connection broke: its grant may still be committing in a session
+                // this release cannot be ordered behind. Until the server has surely ended that
+                // statement, nothing found is not proof of nothing granted.
+                if rows.is_empty()
+                    && let Some(until) = unsure
+                    && std::time::Instant::now() < until
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
                 }
-            } else {
-                self.query(
-                    name,
-                    "the release statement",
-                    self.sql_for(|s| &s.release, |f| &f.release),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&owner, Type::TEXT),
-                        (&all, Type::BOOL),
-                        (&keep, Type::INT8),
-                    ],
-                )
-                .await?
+                break rows;
             };
+            drop(conn);
+            if let Some(s) = &slot {
+                self.try_settled(name, owner, s);
+            }
+            if light
+                && rows
+                    .first()
+                    .is_some_and(|r| r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true))
+            {
+                self.spawn_cleanup(name);
+            }
             let Some(row) = rows.first() else {
                 return Ok(Released::NotOwner);
             };
