@@ -1275,6 +1275,53 @@ mod on_postgres {
         g.release().await.unwrap();
     }
 
+    /// sql.md #2: 500 acquires of one free name on an advisory backend, each dropped after a
+    /// random 0-2 ms (most while `pg_try_advisory_lock` is in flight), leave no session lock
+    /// behind: a second later `pg_locks` has no row for the name's key and another advisory
+    /// backend gets the name within 1 s. (Before, a try dropped after it was sent took the lock
+    /// for nobody, for the life of the session.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_advisory_cancellation_storm_leaks_no_session_lock() {
+        let env = Env::postgres().await;
+        let name = format!("adv-storm-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let mut rng = Rng::new(17);
+        let mut granted = 0;
+        for _ in 0..500 {
+            let d = Duration::from_micros(rng.below(2000));
+            let lock = Lock::new(name.clone())
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone());
+            if let Ok(Ok(g)) = tokio::time::timeout(d, lock.acquire()).await {
+                granted += 1;
+                g.release().await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let admin = common::sql::pg_admin(&env.db().url).await;
+        let key = dlock::postgres_advisory_key(&env.db().table, &name);
+        let rows: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            rows, 0,
+            "a session lock was left behind ({granted} of 500 granted)"
+        );
+        let g = Lock::new(name.clone())
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("the name is free after the storm");
+        g.release().await.unwrap();
+    }
+
     async fn private_backend(srv: &PgProc) -> Arc<dyn Backend> {
         Arc::new(
             dlock::PostgresBackend::builder(&srv.url())

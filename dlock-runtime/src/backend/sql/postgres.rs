@@ -910,7 +910,7 @@ impl PostgresBackendBuilder {
                 sql.channel.clone(),
                 self.op_timeout,
                 self.connect_timeout,
-            );
+            )?;
             // Opens the session now: a pooler in between is refused here.
             a.start().await?;
             Some(Arc::new(a))
