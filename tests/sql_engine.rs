@@ -110,6 +110,44 @@ async fn thirty_two_contenders_on(label: &str, clients: [Arc<dyn Backend>; 2]) {
     );
 }
 
+/// sql.md #5: a renewal that reaches the row after the holder released it (a renewal in flight
+/// at release; here sent during a `hold_at_least` keep) does not re-hold it: it answers `Lost`,
+/// and the name is free for another owner once the keep is over (before, the renewal extended
+/// the kept or freed row to a whole ttl).
+async fn a_renewal_after_release_does_not_re_hold_the_lock(
+    a: Arc<dyn Backend>,
+    b: Arc<dyn Backend>,
+) {
+    use dlock::{Acquired, Extended};
+    let ttl = Duration::from_secs(30);
+    let name = "renewed-after-release";
+    assert!(matches!(
+        a.try_acquire(name, "holder", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    a.release(name, "holder", Some(Duration::from_millis(200)), true)
+        .await
+        .unwrap();
+    assert_eq!(a.extend(name, "holder", ttl).await.unwrap(), Extended::Lost);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = b.try_acquire(name, "next", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    b.release(name, "next", None, true).await.unwrap();
+    // The plain release too.
+    assert!(matches!(
+        a.try_acquire(name, "holder2", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    a.release(name, "holder2", None, true).await.unwrap();
+    assert_eq!(
+        a.extend(name, "holder2", ttl).await.unwrap(),
+        Extended::Lost
+    );
+    let r = b.try_acquire(name, "next2", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    b.release(name, "next2", None, true).await.unwrap();
+}
+
 /// Tokens strictly increase per name across releases and across the row being deleted behind
 /// the backend's back (while held, and after release).
 async fn tokens_increase_after_rows_are_deleted_behind_the_backend(env: Env) {
@@ -1197,6 +1235,26 @@ mod on_postgres {
         g3.release().await.unwrap();
     }
 
+    /// sql.md #5 with the statements sent whole and with the server functions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_after_release_does_not_re_hold_the_lock() {
+        for functions in [false, true] {
+            let env = Env::postgres().await;
+            let b = dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            assert_eq!(b.uses_server_functions(), functions);
+            super::a_renewal_after_release_does_not_re_hold_the_lock(
+                Arc::new(b),
+                env.another_backend().await,
+            )
+            .await
+        }
+    }
+
     /// sql.md #1: an acquire abandoned while its grant commits (here: a commit that waits for a
     /// synchronous standby that does not exist, until the test empties
     /// `synchronous_standby_names` 1 s later; `statement_timeout` does not end that wait) is
@@ -1562,6 +1620,17 @@ mod on_mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
         super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::mysql().await).await
+    }
+
+    /// sql.md #5 on MySQL / MariaDB.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_after_release_does_not_re_hold_the_lock() {
+        let env = Env::mysql().await;
+        super::a_renewal_after_release_does_not_re_hold_the_lock(
+            env.backend(),
+            env.another_backend().await,
+        )
+        .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

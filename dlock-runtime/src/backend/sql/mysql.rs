@@ -775,9 +775,12 @@ impl Backend for MysqlBackend {
             let (mut n, mut o) = (String::new(), String::new());
             hex(&mut n, name.as_bytes());
             hex(&mut o, owner.as_bytes());
+            // `count > 0`: a row the owner released (freed, or kept by hold_at_least) is not
+            // re-held by a renewal that was sent before the release (sql.md #5).
             let sql = format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
-                 WHERE name = {n} AND owner = {o} AND expires_at > UTC_TIMESTAMP(6); \
+                 WHERE name = {n} AND owner = {o} AND count > 0 \
+                   AND expires_at > UTC_TIMESTAMP(6); \
                  SELECT ROW_COUNT()",
                 micros(ttl)
             );

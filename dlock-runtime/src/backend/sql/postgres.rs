@@ -252,13 +252,22 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
                FROM {table} l, c \
                WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
         );
-        let extend = format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
-             UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
-             WHERE l.name = $1 AND l.owner = $2 AND l.expires_at > c.now RETURNING 1"
-        );
+        let extend = extend_statement(table, &grant_sc, true);
         (acquire, extend)
     }
+}
+
+/// The extend statement: `grant_sc` as in [`grant_statements`]; `held_only`: a row the owner
+/// released (count 0: freed, or kept by `hold_at_least`) is not extended (sql.md #5: a renewal
+/// sent before the release but run after it re-held the row for a whole ttl). Without it, the
+/// body of the `extend_v1` functions, kept as they were for processes of older versions.
+fn extend_statement(table: &str, grant_sc: &str, held_only: bool) -> String {
+    let held = if held_only { " AND l.count > 0" } else { "" };
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
+         UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
+         WHERE l.name = $1 AND l.owner = $2{held} AND l.expires_at > c.now RETURNING 1"
+    )
 }
 
 /// Whether the waiter row `w` belongs to a listening session that is still alive: a session
@@ -421,11 +430,15 @@ fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
 /// process only, plus `<table>_leave_v2`. v1 stays defined, for older processes.
 const FUNCTIONS_VERSION: u32 = 1;
 const FIFO_VERSION: u32 = 2;
+/// v3: the extend functions do not extend a row the owner released (`count > 0`, sql.md #5).
+const EXTEND_VERSION: u32 = 3;
 
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
 /// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
-/// and `<table>_extend_nf_v1`, each wrapping the statement the backend otherwise sends, and the
+/// and `<table>_extend_nf_v1` (kept for older processes; this version calls `<table>_extend_v3`
+/// and `<table>_extend_nf_v3`, which do not extend a released row), each wrapping the statement
+/// the backend otherwise sends, and the
 /// waiters' FIFO forms `<table>_acquire_v2`, `<table>_acquire_nf_v2`, `<table>_release_v2` and
 /// `<table>_leave_v2` (which need the `<table>_waiters` table of [`postgres_schema_sql`]). Teams
 /// that manage migrations apply it after [`postgres_schema_sql`]; idempotent (`CREATE OR
@@ -443,6 +456,14 @@ fn functions(table: &str, durable: bool) -> Functions {
     let v2 = FIFO_VERSION;
     let (acquire_d, extend_d) = grant_statements(table, true, false);
     let (acquire_nf, extend_nf) = grant_statements(table, false, false);
+    // The v1 extend functions as they were (older processes call them); this version calls
+    // the v3 ones, which do not extend a released row.
+    let nf_sc = format!(", {NO_FLUSH_WAIT} AS sc");
+    let (extend_d1, extend_nf1) = (
+        extend_statement(table, "", false),
+        extend_statement(table, &nf_sc, false),
+    );
+    let v3 = EXTEND_VERSION;
     let release = release_statement(table, &channel, false);
     let (acquire_d2, _) = grant_statements(table, true, true);
     let (acquire_nf2, _) = grant_statements(table, false, true);
@@ -454,7 +475,7 @@ fn functions(table: &str, durable: bool) -> Functions {
     let grant_args2 = "bytea, text, bigint, text, integer, bigint";
     let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
     let release_ret = "r_remaining integer, r_notified text";
-    let defs: [(&str, u32, &str, &str, &str); 9] = [
+    let defs: [(&str, u32, &str, &str, &str); 11] = [
         ("acquire", v, grant_args, acquire_ret, &acquire_d),
         ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf),
         (
@@ -464,8 +485,10 @@ fn functions(table: &str, durable: bool) -> Functions {
             release_ret,
             &release,
         ),
-        ("extend", v, grant_args, "r_one integer", &extend_d),
-        ("extend_nf", v, grant_args, "r_one integer", &extend_nf),
+        ("extend", v, grant_args, "r_one integer", &extend_d1),
+        ("extend_nf", v, grant_args, "r_one integer", &extend_nf1),
+        ("extend", v3, grant_args, "r_one integer", &extend_d),
+        ("extend_nf", v3, grant_args, "r_one integer", &extend_nf),
         ("acquire", v2, grant_args2, acquire_ret, &acquire_d2),
         ("acquire_nf", v2, grant_args2, acquire_ret, &acquire_nf2),
         (
@@ -512,11 +535,11 @@ fn functions(table: &str, durable: bool) -> Functions {
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: exist_of(&|ver| ver == v),
+        exist: exist_of(&|ver| ver == v || ver == v3),
         exist_fifo: exist_of(&|_| true),
         acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
-        extend: format!("SELECT * FROM {table}_extend{nf}_v{v}($1, $2, $3)"),
+        extend: format!("SELECT * FROM {table}_extend{nf}_v{v3}($1, $2, $3)"),
         fifo: Fifo {
             acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v2}($1, $2, $3, $4, $5, $6)"),
             release: format!("SELECT * FROM {table}_release_v{v2}($1, $2, $3, $4, $5, $6, $7)"),
