@@ -1380,6 +1380,139 @@ mod on_postgres {
         g.release().await.unwrap();
     }
 
+    /// Holds `BEGIN; ALTER SEQUENCE <table>_fence ...` open on an admin connection, so that the
+    /// next `nextval` (every advisory grant) waits for it; rolled back when the client is dropped.
+    async fn block_the_fence(env: &Env) -> dlock::tokio_postgres::Client {
+        let admin = common::sql::pg_admin(&env.db().url).await;
+        admin
+            .batch_execute(&format!(
+                "BEGIN; ALTER SEQUENCE {}_fence INCREMENT BY 1",
+                env.db().table
+            ))
+            .await
+            .unwrap();
+        admin
+    }
+
+    /// sql.md #4a: a call that goes unanswered (here: `op_timeout` 500 ms, while an `ALTER
+    /// SEQUENCE` blocks the grant's `nextval`) makes the backend end its advisory session, which
+    /// frees every lock on it: the holder of another name hears `lost()` at once (before, only at
+    /// its next renewal, a third of the ttl later), and another backend then gets that name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_advisory_session_fires_lost_for_every_hold_at_once() {
+        let env = Env::postgres().await;
+        let (x, y) = (
+            format!("adv-x-{}", env.db().table),
+            format!("adv-y-{}", env.db().table),
+        );
+        let a: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .advisory(true)
+                .op_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let b = advisory_backend(&env).await;
+        let g = Lock::new(x.clone())
+            .ttl(Duration::from_secs(30))
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        let admin = block_the_fence(&env).await;
+        let e = Lock::new(y.clone())
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .expect_err("nextval is blocked");
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+        let t0 = Instant::now();
+        let reason = tokio::time::timeout(Duration::from_millis(300), lost)
+            .await
+            .expect("lost() fires when the session is ended");
+        assert_eq!(reason, dlock::LostReason::NotOwner);
+        assert!(!g.is_valid());
+        drop(admin);
+        // The server ends the abandoned session once its blocked statement ends (its
+        // statement_timeout, 2 s), which frees x.
+        let g2 = Lock::new(x.clone())
+            .wait(Duration::from_secs(4))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("x is free once the session has ended");
+        eprintln!("lost at once; x granted to b {:?} after", t0.elapsed());
+        g2.release().await.unwrap();
+        let _ = g.release().await;
+    }
+
+    /// sql.md #4a: a statement that fails on the server (here `statement_timeout` cancels a
+    /// grant's `nextval`, blocked by an `ALTER SEQUENCE`) no longer ends the session: the lock it
+    /// may have taken is unlocked, and the other holds of the session stay (before, the session
+    /// was dropped, which freed them all while their guards stayed valid).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_advisory_statement_keeps_the_sessions_other_locks() {
+        let env = Env::postgres().await;
+        let (x, y) = (
+            format!("adv-x2-{}", env.db().table),
+            format!("adv-y2-{}", env.db().table),
+        );
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let g = Lock::new(x.clone())
+            .ttl(Duration::from_secs(30))
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let admin = block_the_fence(&env).await;
+        let e = Lock::new(y.clone())
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .expect_err("nextval is cancelled by statement_timeout");
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+        drop(admin);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(g.is_valid());
+        assert!(env.db().pg_advisory_is_locked(&x).await, "x was freed");
+        assert!(
+            !env.db().pg_advisory_is_locked(&y).await,
+            "y was left locked"
+        );
+        let r = Lock::new(x.clone()).with_backend(b.clone()).acquire().await;
+        assert!(matches!(r, Err(LockError::Busy { .. })), "{r:?}");
+        g.release().await.unwrap();
+        let gy = Lock::new(y.clone())
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("y is free");
+        gy.release().await.unwrap();
+    }
+
+    /// sql.md #4b: the backend's sessions ask the server to end them when their client dies or
+    /// is cut off (keepalive after 10 s idle, every 5 s, 3 probes: 25 s; unacknowledged data:
+    /// 20 s), where the server's defaults took up to ~2 h; the client side uses the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_backends_sessions_end_within_25_s_of_a_dead_client() {
+        let env = Env::postgres().await;
+        let b = common::sql::pg_backend(&env.db().url, &env.db().table).await;
+        let c = b.pool().get().await.unwrap();
+        for (k, v) in [
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "5"),
+            ("tcp_keepalives_count", "3"),
+            ("tcp_user_timeout", "20000"),
+        ] {
+            let got: String = c.query_one(&format!("SHOW {k}"), &[]).await.unwrap().get(0);
+            assert_eq!(got, v, "{k}");
+        }
+    }
+
     async fn private_backend(srv: &PgProc) -> Arc<dyn Backend> {
         Arc::new(
             dlock::PostgresBackend::builder(&srv.url())

@@ -25,6 +25,7 @@ use tokio_postgres::types::Type;
 use super::bounded;
 use crate::LockError;
 use crate::backend::{Acquired, Extended, Released};
+use tokio_util::sync::CancellationToken;
 
 type DynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -53,6 +54,9 @@ pub fn advisory_key(table: &str, name: &str) -> i64 {
 struct Session {
     client: tokio_postgres::Client,
     generation: u64,
+    /// Cancelled when the session ends (dropped by this process, or its connection closed):
+    /// every lock on it is gone on the server at that moment (sql.md #4a).
+    lost: CancellationToken,
 }
 
 /// A hold of this process, or a try in flight for it.
@@ -68,6 +72,8 @@ struct Held {
     /// before the statement is sent, so the give-back of `owner` (ordered behind the try on the
     /// one session) finds it and unlocks, and a later try of the name does so first.
     pending: bool,
+    /// The session's [`Session::lost`].
+    lost: CancellationToken,
 }
 
 /// A current-thread runtime on a thread of its own: the session's connection driver, the
@@ -152,30 +158,52 @@ impl Advisory {
     }
 
     /// Opens the session and refuses a transaction-mode pooler (see [`Advisory::pooler_check`]).
-    pub(crate) async fn open(&self, key: &str) -> Result<(tokio_postgres::Client, u64), LockError> {
-        let client = self.connect(key).await?;
+    async fn open(&self, key: &str) -> Result<Session, LockError> {
+        let (client, driver) = self.connect(key).await?;
         self.pooler_check(key, &client).await?;
         let generation = self
             .next_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok((client, generation))
+        let lost = CancellationToken::new();
+        let l = lost.clone();
+        // The connection's end (the server ended the session, the network broke, the client
+        // was dropped) is the end of every lock on it: the holders hear it at once.
+        self.rt.handle.spawn(async move {
+            let _ = driver.await;
+            l.cancel();
+        });
+        Ok(Session {
+            client,
+            generation,
+            lost,
+        })
+    }
+
+    /// Fires when the hold of `owner` on `name` is gone with its session (see [`Session::lost`]).
+    pub(crate) fn lost_signal(&self, name: &str, owner: &str) -> Option<CancellationToken> {
+        self.held()
+            .get(name)
+            .filter(|h| h.owner == owner && !h.pending && h.count > 0)
+            .map(|h| h.lost.clone())
     }
 
     /// Connects one session whose driver runs on the backend's own runtime.
-    async fn connect(&self, key: &str) -> Result<tokio_postgres::Client, LockError> {
+    async fn connect(
+        &self,
+        key: &str,
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), LockError> {
         let (connector, cfg) = (self.connector.clone(), self.cfg.clone());
         let task = self
             .rt
             .handle
             .spawn(async move { connector.connect(&cfg, None).await });
-        let (client, _driver) = bounded(
+        bounded(
             key,
             "the advisory session's connect",
             self.connect_timeout,
             async { task.await.map_err(DynError::from)?.map_err(DynError::from) },
         )
-        .await?;
-        Ok(client)
+        .await
     }
 
     /// Two signs that statements on one client connection do not share one server session, as
@@ -235,7 +263,7 @@ impl Advisory {
             // Our random key is held elsewhere (vanishingly rare): nothing to conclude.
             return Ok(());
         }
-        let second = self.connect(key).await?;
+        let (second, _) = self.connect(key).await?;
         let shared = bounded(key, "the pooler probe", self.op_timeout, async {
             let r = first_value(
                 second
@@ -272,8 +300,8 @@ impl Advisory {
 
     /// Opens the session at start-up (so a pooler in between is refused by `connect`).
     pub(crate) async fn start(&self) -> Result<(), LockError> {
-        let (client, generation) = self.open("").await?;
-        *self.session.lock().await = Some(Session { client, generation });
+        let session = self.open("").await?;
+        *self.session.lock().await = Some(session);
         Ok(())
     }
 
@@ -285,8 +313,7 @@ impl Advisory {
         let mut guard = self.session.lock().await;
         if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
             self.drop_session(&mut guard);
-            let (client, generation) = self.open(key).await?;
-            *guard = Some(Session { client, generation });
+            *guard = Some(self.open(key).await?);
         }
         Ok(guard)
     }
@@ -295,13 +322,24 @@ impl Advisory {
     /// the holds of it.
     fn drop_session(&self, guard: &mut Option<Session>) {
         if let Some(s) = guard.take() {
+            s.lost.cancel();
             self.held().retain(|_, h| h.generation != s.generation);
         }
     }
 
+    /// The entries of this process for `name`, without one whose session has ended (the lock
+    /// went with it).
+    fn held_live(&self, name: &str) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        let mut held = self.held();
+        if held.get(name).is_some_and(|h| h.lost.is_cancelled()) {
+            held.remove(name);
+        }
+        held
+    }
+
     pub(crate) async fn try_acquire(&self, name: &str, owner: &str) -> Result<Acquired, LockError> {
         let mine = {
-            let held = self.held();
+            let held = self.held_live(name);
             match held.get(name) {
                 // Another owner's hold; a pending entry is an abandoned try (see below).
                 Some(h) if h.owner != owner && !h.pending => {
@@ -335,7 +373,10 @@ impl Advisory {
         }
         let key = advisory_key(&self.table, name);
         let mut guard = self.live_session(name).await?;
-        let generation = guard.as_ref().expect("live session").generation;
+        let (generation, lost) = {
+            let s = guard.as_ref().expect("live session");
+            (s.generation, s.lost.clone())
+        };
         // The session mutex is held from here to the bookkeeping of the answer, so a pending
         // entry met here is a try whose caller went away: its lock (if it was granted) is given
         // back first, on the session, behind it.
@@ -376,6 +417,7 @@ impl Advisory {
                 token: 0,
                 generation,
                 pending: true,
+                lost,
             },
         );
         let sql = format!(
@@ -544,7 +586,7 @@ impl Advisory {
         let keep = keep_for.filter(|k| !k.is_zero());
         // (generation, whether it is a pending try's)
         let (generation, pending) = {
-            let mut held = self.held();
+            let mut held = self.held_live(name);
             let Some(h) = held.get_mut(name) else {
                 return Ok(Released::NotOwner);
             };
@@ -604,7 +646,7 @@ impl Advisory {
     /// The session that took the lock must still be the live one: one round trip proves it.
     pub(crate) async fn extend(&self, name: &str, owner: &str) -> Result<Extended, LockError> {
         let generation = {
-            let held = self.held();
+            let held = self.held_live(name);
             match held.get(name) {
                 Some(h) if h.owner == owner && h.count > 0 && !h.pending => h.generation,
                 _ => return Ok(Extended::Lost),

@@ -866,11 +866,31 @@ impl PostgresBackendBuilder {
             "-c statement_timeout={}",
             self.statement_timeout.as_millis().max(1)
         );
+        // The server ends a session whose client died or is cut off (sql.md #4b) within about
+        // 25 s: keepalive probes after 10 s of silence, every 5 s, 3 unanswered
+        // ones end it (25 s); data it sent that stays unacknowledged for 20 s ends it too
+        // (tcp_user_timeout, PostgreSQL 12+). Without these the server's defaults
+        // (tcp_keepalives_idle 7200 s here) kept an advisory session's locks for up to ~2 h.
+        // Options of the URL come after, so they win.
+        let ka = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 \
+                  -c tcp_keepalives_count=3 -c tcp_user_timeout=20000";
         let options = match cfg.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {st}"),
-            _ => st,
+            Some(o) if !o.is_empty() => format!("{ka} {o} {st}"),
+            _ => format!("{ka} {st}"),
         };
         cfg.options(options);
+        // The same on this side: a dead server or a cut-off path is noticed by the client
+        // within the same bound (unless the URL sets its own).
+        let url_has = |k: &str| url.contains(k);
+        if !url_has("keepalives") {
+            cfg.keepalives(true)
+                .keepalives_idle(Duration::from_secs(10))
+                .keepalives_interval(Duration::from_secs(5))
+                .keepalives_retries(3);
+        }
+        if !url_has("tcp_user_timeout") {
+            cfg.tcp_user_timeout(Duration::from_secs(20));
+        }
         cfg.application_name("dlock");
         Ok(cfg)
     }
@@ -2188,6 +2208,14 @@ impl Backend for PostgresBackend {
     /// Advisory mode: a session lock lives as long as the backend's dedicated session.
     fn lease_expires_by_ttl(&self) -> bool {
         self.inner.advisory.is_none()
+    }
+
+    /// Advisory mode: the session that holds the lock ended (the server ended it, the
+    /// connection broke, or this process dropped it after a call that went unanswered), which
+    /// freed every lock on it at that moment.
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let t = self.inner.advisory.as_ref()?.lost_signal(name, owner)?;
+        Some(Box::pin(async move { t.cancelled_owned().await }))
     }
 }
 
