@@ -148,6 +148,128 @@ async fn a_renewal_after_release_does_not_re_hold_the_lock(
     b.release(name, "next2", None, true).await.unwrap();
 }
 
+/// A proxy in front of the database of `url` (`scheme://user@host:port/db`), and `url` through it.
+fn via_proxy(url: &str) -> (common::proxy::Proxy, String) {
+    let (head, rest) = url.split_once('@').expect("user@host in the url");
+    let (authority, path) = rest.split_once('/').expect("/db in the url");
+    let port: u16 = authority
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a port in the url");
+    let proxy = common::proxy::Proxy::start(port);
+    let proxied = format!("{head}@127.0.0.1:{}/{path}", proxy.port());
+    (proxy, proxied)
+}
+
+/// An admin transaction that holds the row lock of `name` until `commit`.
+enum RowLock {
+    #[cfg(feature = "postgres")]
+    Pg(dlock::tokio_postgres::Client),
+    #[cfg(feature = "mysql")]
+    My(dlock::mysql_async::Conn),
+}
+
+impl RowLock {
+    async fn take(env: &Env, name: &str) -> RowLock {
+        let (url, table) = (&env.db().url, &env.db().table);
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        #[cfg(feature = "mysql")]
+        if url.starts_with("mysql") {
+            use dlock::mysql_async::prelude::Queryable;
+            let mut c = common::sql::my_admin(url).await;
+            c.query_drop(format!(
+                "START TRANSACTION; SELECT 1 FROM {table} WHERE name = X'{hex}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+            return RowLock::My(c);
+        }
+        #[cfg(feature = "postgres")]
+        {
+            let c = common::sql::pg_admin(url).await;
+            c.batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {table} WHERE name = '\\x{hex}'::bytea FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+            RowLock::Pg(c)
+        }
+        #[cfg(not(feature = "postgres"))]
+        unreachable!("{url}")
+    }
+
+    async fn commit(self) {
+        match self {
+            #[cfg(feature = "postgres")]
+            RowLock::Pg(c) => c.batch_execute("COMMIT").await.unwrap(),
+            #[cfg(feature = "mysql")]
+            RowLock::My(mut c) => {
+                use dlock::mysql_async::prelude::Queryable;
+                c.query_drop("COMMIT").await.unwrap()
+            }
+        }
+    }
+}
+
+/// Rule 3 of "Calls whose outcome is unknown". (1) A release whose caller stopped waiting for
+/// the answer (its future dropped while an admin transaction held the row; the server applied
+/// it once that ended) is answered `Freed` when sent again, never `NotOwner` (before:
+/// `NotOwner`, as the row was free already). (2) `b` talks to the database through `proxy`: a
+/// release that never reached the server (every byte dropped; a Backend error) is re-sent by the
+/// backend itself once the path is back, without any further call: another backend gets the name
+/// within 2 s instead of after the 30 s lease.
+async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+    env: &Env,
+    b: Arc<dyn Backend>,
+    proxy: &common::proxy::Proxy,
+) {
+    use common::proxy::Mode;
+    use dlock::{Acquired, Released};
+    let other = env.another_backend().await;
+    let ttl = Duration::from_secs(30);
+    let name = "release-lost";
+    assert!(matches!(
+        b.try_acquire(name, "o1", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    let row = RowLock::take(env, name).await;
+    let r = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.release(name, "o1", None, true),
+    )
+    .await;
+    assert!(r.is_err(), "the release waits for the row: {r:?}");
+    row.commit().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !env.is_locked(name).await,
+        "the abandoned release was applied by the server"
+    );
+    let r = b.release(name, "o1", None, true).await;
+    assert!(matches!(r, Ok(Released::Freed)), "{r:?}");
+    let r = other.try_acquire(name, "o2", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    other.release(name, "o2", None, true).await.unwrap();
+
+    assert!(matches!(
+        b.try_acquire(name, "o3", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    proxy.set_mode(Mode::Blackhole);
+    let r = b.release(name, "o3", None, true).await;
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    proxy.set_mode(Mode::Pass);
+    let t0 = Instant::now();
+    let g = Lock::new(name)
+        .wait(Duration::from_secs(2))
+        .with_backend(other.clone())
+        .acquire()
+        .await
+        .expect("the unanswered release was re-sent");
+    eprintln!("re-sent release freed the name after {:?}", t0.elapsed());
+    g.release().await.unwrap();
+}
+
 /// Tokens strictly increase per name across releases and across the row being deleted behind
 /// the backend's back (while held, and after release).
 async fn tokens_increase_after_rows_are_deleted_behind_the_backend(env: Env) {
@@ -1235,6 +1357,25 @@ mod on_postgres {
         g3.release().await.unwrap();
     }
 
+    /// Rule 3 on PostgreSQL (table mode).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner() {
+        let env = Env::postgres().await;
+        let (proxy, url) = super::via_proxy(&env.db().url);
+        let b = dlock::PostgresBackend::builder(&url)
+            .table(&env.db().table)
+            .op_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        super::a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+            &env,
+            Arc::new(b),
+            &proxy,
+        )
+        .await
+    }
+
     /// sql.md #5 with the statements sent whole and with the server functions.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_renewal_after_release_does_not_re_hold_the_lock() {
@@ -1753,6 +1894,25 @@ mod on_mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
         super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::mysql().await).await
+    }
+
+    /// Rule 3 on MySQL / MariaDB.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner() {
+        let env = Env::mysql().await;
+        let (proxy, url) = super::via_proxy(&env.db().url);
+        let b = dlock::MysqlBackend::builder(&url)
+            .table(&env.db().table)
+            .op_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        super::a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+            &env,
+            Arc::new(b),
+            &proxy,
+        )
+        .await
     }
 
     /// sql.md #5 on MySQL / MariaDB.

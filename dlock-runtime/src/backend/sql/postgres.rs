@@ -131,6 +131,8 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
 struct Sql {
     acquire: String,
     release: String,
+    /// Whether `$2`'s release of `$1` was applied (its own row at count 0).
+    released_by: String,
     extend: String,
     sweep: String,
     schema: String,
@@ -573,6 +575,7 @@ impl Sql {
         Ok(Sql {
             acquire,
             release,
+            released_by: format!("SELECT owner = $2 AND count = 0 FROM {table} WHERE name = $1"),
             extend,
             sweep,
             schema,
@@ -991,6 +994,7 @@ impl PostgresBackendBuilder {
                 prepared: self.prepared_statements,
                 functions: std::sync::atomic::AtomicBool::new(false),
                 tries: Mutex::default(),
+                unconfirmed: super::Unconfirmed::default(),
                 statement_timeout: self.statement_timeout,
             }),
         };
@@ -1092,6 +1096,8 @@ struct Inner {
     /// Acquire statements whose reply has not been read (yet), per (name, owner): the give-back
     /// of such an owner is ordered behind its try (see [`TrySlot`]).
     tries: Mutex<std::collections::HashMap<(String, String), Arc<TrySlot>>>,
+    /// Releases whose answer was not read (see [`super::Unconfirmed`]).
+    unconfirmed: super::Unconfirmed,
     /// How long the server lets one statement run (its `statement_timeout`; for a caller's pool,
     /// the builder's value is assumed).
     statement_timeout: Duration,
@@ -1615,6 +1621,31 @@ impl PostgresBackend {
         }
     }
 
+    /// A release found nothing of `owner` held. When an earlier release of that owner went
+    /// unanswered, the row tells whether it was applied: the owner's own row at count 0 (or no
+    /// row: swept) is its release, `Freed`; otherwise `NotOwner`.
+    async fn nothing_released(&self, name: &str, owner: &str) -> Result<Released, LockError> {
+        if !self.inner.unconfirmed.contains(name, owner) {
+            return Ok(Released::NotOwner);
+        }
+        let rows = self
+            .query(
+                name,
+                "the release check",
+                &self.inner.sql.released_by,
+                &[(&name.as_bytes(), Type::BYTEA), (&owner, Type::TEXT)],
+            )
+            .await?;
+        let released = rows
+            .first()
+            .is_none_or(|r| r.try_get::<_, bool>(0).unwrap_or(false));
+        Ok(if released {
+            Released::Freed
+        } else {
+            Released::NotOwner
+        })
+    }
+
     /// Every 256th freeing release, deletes rows idle for five minutes, in the background.
     fn maybe_sweep(&self) {
         let n = self
@@ -2045,6 +2076,86 @@ impl Backend for PostgresBackend {
             if let Some(a) = &self.inner.advisory {
                 return a.release(name, owner, keep_for, all).await;
             }
+            super::release_until_confirmed(self, name, owner, keep_for, all).await
+        })
+    }
+
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async move {
+            if let Some(a) = &self.inner.advisory {
+                return a.extend(name, owner).await;
+            }
+            let ttl_us = micros(ttl);
+            let rows = self
+                .query(
+                    name,
+                    "the extend statement",
+                    self.sql_for(|s| &s.extend, |f| &f.extend),
+                    &[
+                        (&name.as_bytes(), Type::BYTEA),
+                        (&owner, Type::TEXT),
+                        (&ttl_us, Type::INT8),
+                    ],
+                )
+                .await?;
+            Ok(if rows.is_empty() {
+                Extended::Lost
+            } else {
+                Extended::Extended
+            })
+        })
+    }
+
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async move {
+            let mut w = self.inner.waiters.register(name);
+            if self.inner.advisory.is_some() {
+                self.ensure_rechecking();
+            }
+            if !self.ensure_listening().await {
+                w.set_fallback_only();
+            }
+            Ok(w)
+        })
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.waiters.has_waiters(name)
+    }
+
+    /// Advisory mode: a session lock lives as long as the backend's dedicated session.
+    fn lease_expires_by_ttl(&self) -> bool {
+        self.inner.advisory.is_none()
+    }
+
+    /// Advisory mode: the session that holds the lock ended (the server ended it, the
+    /// connection broke, or this process dropped it after a call that went unanswered), which
+    /// freed every lock on it at that moment.
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let t = self.inner.advisory.as_ref()?.lost_signal(name, owner)?;
+        Some(Box::pin(async move { t.cancelled_owned().await }))
+    }
+}
+
+impl super::ReleaseOnce for PostgresBackend {
+    fn unconfirmed(&self) -> &super::Unconfirmed {
+        &self.inner.unconfirmed
+    }
+
+    /// One release statement (table mode; see [`super::release_until_confirmed`]).
+    fn release_once<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
             let keep: Option<i64> = keep_for.filter(|k| !k.is_zero()).map(micros);
             // A try of this owner whose reply was not read: the release goes behind it.
             let (slot, mut conn, unsure) = self.settle_try(name, owner).await;
@@ -2143,7 +2254,7 @@ impl Backend for PostgresBackend {
                 self.spawn_cleanup(name);
             }
             let Some(row) = rows.first() else {
-                return Ok(Released::NotOwner);
+                return self.nothing_released(name, owner).await;
             };
             let left: i32 = row.try_get(0).map_err(|e| LockError::backend(name, e))?;
             if left == 0 {
@@ -2155,67 +2266,6 @@ impl Backend for PostgresBackend {
                 Released::Freed
             })
         })
-    }
-
-    fn extend<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        Box::pin(async move {
-            if let Some(a) = &self.inner.advisory {
-                return a.extend(name, owner).await;
-            }
-            let ttl_us = micros(ttl);
-            let rows = self
-                .query(
-                    name,
-                    "the extend statement",
-                    self.sql_for(|s| &s.extend, |f| &f.extend),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&owner, Type::TEXT),
-                        (&ttl_us, Type::INT8),
-                    ],
-                )
-                .await?;
-            Ok(if rows.is_empty() {
-                Extended::Lost
-            } else {
-                Extended::Extended
-            })
-        })
-    }
-
-    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        Box::pin(async move {
-            let mut w = self.inner.waiters.register(name);
-            if self.inner.advisory.is_some() {
-                self.ensure_rechecking();
-            }
-            if !self.ensure_listening().await {
-                w.set_fallback_only();
-            }
-            Ok(w)
-        })
-    }
-
-    fn has_waiters(&self, name: &str) -> bool {
-        self.inner.waiters.has_waiters(name)
-    }
-
-    /// Advisory mode: a session lock lives as long as the backend's dedicated session.
-    fn lease_expires_by_ttl(&self) -> bool {
-        self.inner.advisory.is_none()
-    }
-
-    /// Advisory mode: the session that holds the lock ended (the server ended it, the
-    /// connection broke, or this process dropped it after a call that went unanswered), which
-    /// freed every lock on it at that moment.
-    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
-        let t = self.inner.advisory.as_ref()?.lost_signal(name, owner)?;
-        Some(Box::pin(async move { t.cancelled_owned().await }))
     }
 }
 
