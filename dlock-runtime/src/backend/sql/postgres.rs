@@ -1121,7 +1121,7 @@ enum TryState {
     /// The reply was not read. `conn`: the connection the statement was sent on (`None`: it was
     /// never sent, the try was dropped while waiting for a connection); `at`: when.
     Abandoned {
-        conn: Option<deadpool_postgres::Object>,
+        conn: Option<Box<deadpool_postgres::Object>>,
         at: std::time::Instant,
     },
 }
@@ -1144,7 +1144,7 @@ impl Drop for TryGuard<'_> {
             }
         } else {
             *locked(&self.slot.state) = TryState::Abandoned {
-                conn: self.conn.take(),
+                conn: self.conn.take().map(Box::new),
                 at: std::time::Instant::now(),
             };
         }
@@ -1604,7 +1604,7 @@ impl PostgresBackend {
         let (conn, unsure) = match &mut *locked(&slot.state) {
             TryState::InFlight => (None, Some(std::time::Instant::now() + margin)),
             TryState::Abandoned { conn, at } => match conn.take() {
-                Some(c) if !c.is_closed() => (Some(c), None),
+                Some(c) if !c.is_closed() => (Some(*c), None),
                 Some(_) => (None, Some(*at + margin)),
                 None => (None, None),
             },
@@ -2224,7 +2224,7 @@ impl super::ReleaseOnce for PostgresBackend {
                                 conn: slot_conn, ..
                             } = &mut *st
                             {
-                                *slot_conn = Some(c);
+                                *slot_conn = Some(Box::new(c));
                             }
                         }
                         return Err(e);
