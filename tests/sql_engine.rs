@@ -1474,6 +1474,38 @@ mod on_postgres {
         g.release().await.unwrap();
     }
 
+    /// sql.md #1, the storm form: 500 acquires of one free name (ttl 30 s), each dropped after a
+    /// random 0-2 ms, most while the statement or its commit is in flight; a second later
+    /// another backend gets the name within 1 s (an orphaned grant would block it for 30 s).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_mode_cancellation_storm_leaves_the_name_free() {
+        let env = Env::postgres().await;
+        let a = env.backend();
+        let b = env.another_backend().await;
+        let mut rng = Rng::new(1);
+        let mut granted = 0;
+        for _ in 0..500 {
+            let d = Duration::from_micros(rng.below(2000));
+            let lock = Lock::new("storm")
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone());
+            if let Ok(Ok(g)) = tokio::time::timeout(d, lock.acquire()).await {
+                granted += 1;
+                g.release().await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let g = Lock::new("storm")
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the name is not free after the storm ({granted} of 500 granted): {e:?}")
+            });
+        g.release().await.unwrap();
+    }
+
     /// sql.md #2: 500 acquires of one free name on an advisory backend, each dropped after a
     /// random 0-2 ms (most while `pg_try_advisory_lock` is in flight), leave no session lock
     /// behind: a second later `pg_locks` has no row for the name's key and another advisory
