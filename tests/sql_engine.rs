@@ -1506,6 +1506,31 @@ mod on_postgres {
         g.release().await.unwrap();
     }
 
+    /// Rule 3 in advisory mode: a release sent again because its caller did not read the first
+    /// answer (simulated: the first answer is ignored) is answered `Freed`, never `NotOwner`; the
+    /// name is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_advisory_release_sent_again_is_answered_freed() {
+        use dlock::{Acquired, Released};
+        let env = Env::postgres().await;
+        let name = format!("adv-again-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let ttl = Duration::from_secs(30);
+        assert!(matches!(
+            a.try_acquire(&name, "o1", ttl).await.unwrap(),
+            Acquired::Granted { .. }
+        ));
+        let _lost_answer = a.release(&name, "o1", None, true).await;
+        let r = a.release(&name, "o1", None, true).await;
+        assert!(matches!(r, Ok(Released::Freed)), "{r:?}");
+        // A release of an owner that never held it is still NotOwner.
+        let r = a.release(&name, "never", None, true).await;
+        assert!(matches!(r, Ok(Released::NotOwner)), "{r:?}");
+        let r = b.try_acquire(&name, "o2", ttl).await.unwrap();
+        assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+        b.release(&name, "o2", None, true).await.unwrap();
+    }
+
     /// sql.md #2: 500 acquires of one free name on an advisory backend, each dropped after a
     /// random 0-2 ms (most while `pg_try_advisory_lock` is in flight), leave no session lock
     /// behind: a second later `pg_locks` has no row for the name's key and another advisory

@@ -74,6 +74,8 @@ struct Held {
     pending: bool,
     /// The session's [`Session::lost`].
     lost: CancellationToken,
+    /// Its release (no keep) is giving it back.
+    releasing: bool,
 }
 
 /// A current-thread runtime on a thread of its own: the session's connection driver, the
@@ -121,6 +123,9 @@ pub(crate) struct Advisory {
     op_timeout: Duration,
     connect_timeout: Duration,
     rt: OwnRuntime,
+    /// Holds given back lately, per (name, owner), with when: a release of the owner sent again
+    /// (its first answer was lost to its caller) is answered `Freed`, not `NotOwner`.
+    released: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Advisory {
@@ -150,11 +155,29 @@ impl Advisory {
             op_timeout,
             connect_timeout,
             rt: OwnRuntime::start()?,
+            released: Mutex::new(HashMap::new()),
         })
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn released(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), std::time::Instant>> {
+        self.released.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that `owner`'s hold of `name` was given back (kept 10 minutes; owner ids are
+    /// never reused).
+    fn remember_released(&self, name: &str, owner: &str) {
+        let mut r = self.released();
+        if r.len() >= 1024 {
+            r.retain(|_, at| at.elapsed() < Duration::from_secs(600));
+        }
+        r.insert(
+            (name.to_string(), owner.to_string()),
+            std::time::Instant::now(),
+        );
     }
 
     /// Opens the session and refuses a transaction-mode pooler (see [`Advisory::pooler_check`]).
@@ -418,6 +441,7 @@ impl Advisory {
                 generation,
                 pending: true,
                 lost,
+                releasing: false,
             },
         );
         let sql = format!(
@@ -518,7 +542,11 @@ impl Advisory {
                     .get(&name)
                     .is_some_and(|h| h.owner == owner && h.generation == generation)
                 {
-                    held.remove(&name);
+                    let hold = held.remove(&name).is_some_and(|h| !h.pending);
+                    drop(held);
+                    if hold {
+                        me.remember_released(&name, &owner);
+                    }
                 }
             };
             let mut guard = me.session.lock().await;
@@ -587,22 +615,32 @@ impl Advisory {
         // (generation, whether it is a pending try's)
         let (generation, pending) = {
             let mut held = self.held_live(name);
-            let Some(h) = held.get_mut(name) else {
-                return Ok(Released::NotOwner);
+            let mine = held.get_mut(name).filter(|h| h.owner == owner);
+            let Some(h) = mine else {
+                drop(held);
+                // Given back already (a release sent again after its answer was lost)?
+                let key = (name.to_string(), owner.to_string());
+                return Ok(if self.released().contains_key(&key) {
+                    Released::Freed
+                } else {
+                    Released::NotOwner
+                });
             };
-            if h.owner != owner {
-                return Ok(Released::NotOwner);
-            }
             if h.pending {
                 (h.generation, true)
+            } else if h.count == 0 && !h.releasing {
+                // Kept by hold_at_least: this release was answered already.
+                return Ok(Released::Freed);
             } else if h.count == 0 {
-                // Kept by hold_at_least, or being given back already.
-                return Ok(Released::NotOwner);
+                // Being given back (an earlier call of this release went unanswered): wait
+                // for it, behind it.
+                (h.generation, false)
             } else {
                 h.count = if all { 0 } else { h.count - 1 };
                 if h.count > 0 {
                     return Ok(Released::Decremented(h.count));
                 }
+                h.releasing = keep.is_none();
                 (h.generation, false)
             }
         };
