@@ -1126,9 +1126,13 @@ enum TryState {
     },
 }
 
+/// How long an abandoned try's connection is kept out of the pool for its owner's give-back
+/// (the core sends that at once; it takes the connection out of the slot).
+const ABANDONED_TRY_KEPT: Duration = Duration::from_secs(10);
+
 /// Drop guard of an acquire statement in flight (see [`TrySlot`]).
 struct TryGuard<'a> {
-    inner: &'a Inner,
+    inner: &'a Arc<Inner>,
     key: (String, String),
     slot: Arc<TrySlot>,
     conn: Option<deadpool_postgres::Object>,
@@ -1143,10 +1147,38 @@ impl Drop for TryGuard<'_> {
                 m.remove(&self.key);
             }
         } else {
+            let conn = self.conn.take().map(Box::new);
+            let kept = conn.is_some();
             *locked(&self.slot.state) = TryState::Abandoned {
-                conn: self.conn.take().map(Box::new),
+                conn,
                 at: std::time::Instant::now(),
             };
+            // The connection is kept out of the pool for the give-back, but not for ever: a
+            // try whose owner is never given back (a re-entry, which the core does not give
+            // back; no runtime left) would take a pooled connection for good.
+            let (slot, key) = (self.slot.clone(), self.key.clone());
+            let free = move |inner: Option<Arc<Inner>>| {
+                if let TryState::Abandoned { conn, .. } = &mut *locked(&slot.state) {
+                    drop(conn.take());
+                }
+                if let Some(inner) = inner {
+                    let mut m = locked(&inner.tries);
+                    if m.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                        m.remove(&key);
+                    }
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) if kept => {
+                    let weak = Arc::downgrade(self.inner);
+                    rt.spawn(async move {
+                        tokio::time::sleep(ABANDONED_TRY_KEPT).await;
+                        free(weak.upgrade());
+                    });
+                }
+                Ok(_) => {}
+                Err(_) => free(Some(self.inner.clone())),
+            }
         }
         self.slot.settled.send_replace(true);
     }
