@@ -110,6 +110,166 @@ async fn thirty_two_contenders_on(label: &str, clients: [Arc<dyn Backend>; 2]) {
     );
 }
 
+/// sql.md #5: a renewal that reaches the row after the holder released it (a renewal in flight
+/// at release; here sent during a `hold_at_least` keep) does not re-hold it: it answers `Lost`,
+/// and the name is free for another owner once the keep is over (before, the renewal extended
+/// the kept or freed row to a whole ttl).
+async fn a_renewal_after_release_does_not_re_hold_the_lock(
+    a: Arc<dyn Backend>,
+    b: Arc<dyn Backend>,
+) {
+    use dlock::{Acquired, Extended};
+    let ttl = Duration::from_secs(30);
+    let name = "renewed-after-release";
+    assert!(matches!(
+        a.try_acquire(name, "holder", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    a.release(name, "holder", Some(Duration::from_millis(200)), true)
+        .await
+        .unwrap();
+    assert_eq!(a.extend(name, "holder", ttl).await.unwrap(), Extended::Lost);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r = b.try_acquire(name, "next", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    b.release(name, "next", None, true).await.unwrap();
+    // The plain release too.
+    assert!(matches!(
+        a.try_acquire(name, "holder2", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    a.release(name, "holder2", None, true).await.unwrap();
+    assert_eq!(
+        a.extend(name, "holder2", ttl).await.unwrap(),
+        Extended::Lost
+    );
+    let r = b.try_acquire(name, "next2", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    b.release(name, "next2", None, true).await.unwrap();
+}
+
+/// A proxy in front of the database of `url` (`scheme://user@host:port/db`), and `url` through it.
+fn via_proxy(url: &str) -> (common::proxy::Proxy, String) {
+    let (head, rest) = url.split_once('@').expect("user@host in the url");
+    let (authority, path) = rest.split_once('/').expect("/db in the url");
+    let port: u16 = authority
+        .rsplit_once(':')
+        .and_then(|(_, p)| p.parse().ok())
+        .expect("a port in the url");
+    let proxy = common::proxy::Proxy::start(port);
+    let proxied = format!("{head}@127.0.0.1:{}/{path}", proxy.port());
+    (proxy, proxied)
+}
+
+/// An admin transaction that holds the row lock of `name` until `commit`.
+enum RowLock {
+    #[cfg(feature = "postgres")]
+    Pg(dlock::tokio_postgres::Client),
+    #[cfg(feature = "mysql")]
+    My(dlock::mysql_async::Conn),
+}
+
+impl RowLock {
+    async fn take(env: &Env, name: &str) -> RowLock {
+        let (url, table) = (&env.db().url, &env.db().table);
+        let hex: String = name.bytes().map(|b| format!("{b:02x}")).collect();
+        #[cfg(feature = "mysql")]
+        if url.starts_with("mysql") {
+            use dlock::mysql_async::prelude::Queryable;
+            let mut c = common::sql::my_admin(url).await;
+            c.query_drop(format!(
+                "START TRANSACTION; SELECT 1 FROM {table} WHERE name = X'{hex}' FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+            return RowLock::My(c);
+        }
+        #[cfg(feature = "postgres")]
+        {
+            let c = common::sql::pg_admin(url).await;
+            c.batch_execute(&format!(
+                "BEGIN; SELECT 1 FROM {table} WHERE name = '\\x{hex}'::bytea FOR UPDATE"
+            ))
+            .await
+            .unwrap();
+            RowLock::Pg(c)
+        }
+        #[cfg(not(feature = "postgres"))]
+        unreachable!("{url}")
+    }
+
+    async fn commit(self) {
+        match self {
+            #[cfg(feature = "postgres")]
+            RowLock::Pg(c) => c.batch_execute("COMMIT").await.unwrap(),
+            #[cfg(feature = "mysql")]
+            RowLock::My(mut c) => {
+                use dlock::mysql_async::prelude::Queryable;
+                c.query_drop("COMMIT").await.unwrap()
+            }
+        }
+    }
+}
+
+/// Rule 3 of "Calls whose outcome is unknown". (1) A release whose caller stopped waiting for
+/// the answer (its future dropped while an admin transaction held the row; the server applied
+/// it once that ended) is answered `Freed` when sent again, never `NotOwner` (before:
+/// `NotOwner`, as the row was free already). (2) `b` talks to the database through `proxy`: a
+/// release that never reached the server (every byte dropped; a Backend error) is re-sent by the
+/// backend itself once the path is back, without any further call: another backend gets the name
+/// within 2 s instead of after the 30 s lease.
+async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+    env: &Env,
+    b: Arc<dyn Backend>,
+    proxy: &common::proxy::Proxy,
+) {
+    use common::proxy::Mode;
+    use dlock::{Acquired, Released};
+    let other = env.another_backend().await;
+    let ttl = Duration::from_secs(30);
+    let name = "release-lost";
+    assert!(matches!(
+        b.try_acquire(name, "o1", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    let row = RowLock::take(env, name).await;
+    let r = tokio::time::timeout(
+        Duration::from_millis(300),
+        b.release(name, "o1", None, true),
+    )
+    .await;
+    assert!(r.is_err(), "the release waits for the row: {r:?}");
+    row.commit().await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !env.is_locked(name).await,
+        "the abandoned release was applied by the server"
+    );
+    let r = b.release(name, "o1", None, true).await;
+    assert!(matches!(r, Ok(Released::Freed)), "{r:?}");
+    let r = other.try_acquire(name, "o2", ttl).await.unwrap();
+    assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    other.release(name, "o2", None, true).await.unwrap();
+
+    assert!(matches!(
+        b.try_acquire(name, "o3", ttl).await.unwrap(),
+        Acquired::Granted { .. }
+    ));
+    proxy.set_mode(Mode::Blackhole);
+    let r = b.release(name, "o3", None, true).await;
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    proxy.set_mode(Mode::Pass);
+    let t0 = Instant::now();
+    let g = Lock::new(name)
+        .wait(Duration::from_secs(2))
+        .with_backend(other.clone())
+        .acquire()
+        .await
+        .expect("the unanswered release was re-sent");
+    eprintln!("re-sent release freed the name after {:?}", t0.elapsed());
+    g.release().await.unwrap();
+}
+
 /// Tokens strictly increase per name across releases and across the row being deleted behind
 /// the backend's back (while held, and after release).
 async fn tokens_increase_after_rows_are_deleted_behind_the_backend(env: Env) {
@@ -1197,6 +1357,360 @@ mod on_postgres {
         g3.release().await.unwrap();
     }
 
+    /// Rule 3 on PostgreSQL (table mode).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner() {
+        let env = Env::postgres().await;
+        let (proxy, url) = super::via_proxy(&env.db().url);
+        let b = dlock::PostgresBackend::builder(&url)
+            .table(&env.db().table)
+            .op_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        super::a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+            &env,
+            Arc::new(b),
+            &proxy,
+        )
+        .await
+    }
+
+    /// sql.md #5 with the statements sent whole and with the server functions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_after_release_does_not_re_hold_the_lock() {
+        for functions in [false, true] {
+            let env = Env::postgres().await;
+            let b = dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            assert_eq!(b.uses_server_functions(), functions);
+            super::a_renewal_after_release_does_not_re_hold_the_lock(
+                Arc::new(b),
+                env.another_backend().await,
+            )
+            .await
+        }
+    }
+
+    /// sql.md #1: an acquire abandoned while its grant commits (here: a commit that waits for a
+    /// synchronous standby that does not exist, until the test empties
+    /// `synchronous_standby_names` 1 s later; `statement_timeout` does not end that wait) is
+    /// given back after that commit, not before it on another pooled connection (where it found
+    /// nothing and the grant then blocked the name for its whole ttl of 30 s). Another backend
+    /// gets the name about when the abandoned commit ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_abandoned_try_is_given_back_after_its_grant_commits_not_before() {
+        let srv = tokio::task::spawn_blocking(PgProc::start).await.unwrap();
+        let a: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&srv.url())
+                .connect()
+                .await
+                .expect("backend a"),
+        );
+        let b: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&srv.url())
+                .synchronous_commit(false)
+                .connect()
+                .await
+                .expect("backend b"),
+        );
+        // Make the row of "o" exist (a first grant inserts it, which would make b wait on the
+        // insert), then make every durable commit wait for a ghost.
+        // a's pool gets several idle connections (concurrent acquires), so that its give-back
+        // could run on another one than the abandoned try's.
+        for be in [&a, &b] {
+            let l = |n: &'static str| Lock::new(n).with_backend(be.clone());
+            let (l1, l2, l3, l4) = (l("o"), l("w1"), l("w2"), l("w3"));
+            let (g1, g2, g3, g4) =
+                tokio::join!(l1.acquire(), l2.acquire(), l3.acquire(), l4.acquire());
+            for g in [g1, g2, g3, g4] {
+                g.unwrap().release().await.unwrap();
+            }
+        }
+        let admin = common::sql::pg_admin(&srv.url()).await;
+        for q in [
+            "ALTER SYSTEM SET synchronous_standby_names = 'ghost'",
+            "SELECT pg_reload_conf()",
+        ] {
+            admin.batch_execute(q).await.unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t0 = Instant::now();
+        let r = tokio::time::timeout(
+            Duration::from_millis(200),
+            Lock::new("o")
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone())
+                .acquire(),
+        )
+        .await;
+        assert!(r.is_err(), "the grant's commit should still be waiting");
+        let url = srv.url();
+        let unblock = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(800)).await;
+            let admin = common::sql::pg_admin(&url).await;
+            for q in [
+                "ALTER SYSTEM SET synchronous_standby_names = ''",
+                "SELECT pg_reload_conf()",
+            ] {
+                admin.batch_execute(q).await.unwrap();
+            }
+        });
+        let g = Lock::new("o")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::from_secs(5))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("the abandoned grant was given back after its commit");
+        // The abandoned commit ends at about 1 s; the give-back follows it on the same
+        // connection, and its NOTIFY wakes b.
+        assert!(t0.elapsed() < Duration::from_secs(3), "{:?}", t0.elapsed());
+        unblock.await.unwrap();
+        g.release().await.unwrap();
+    }
+
+    /// sql.md #1, the storm form: 500 acquires of one free name (ttl 30 s), each dropped after a
+    /// random 0-2 ms, most while the statement or its commit is in flight; a second later
+    /// another backend gets the name within 1 s (an orphaned grant would block it for 30 s).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_table_mode_cancellation_storm_leaves_the_name_free() {
+        let env = Env::postgres().await;
+        let a = env.backend();
+        let b = env.another_backend().await;
+        let mut rng = Rng::new(1);
+        let mut granted = 0;
+        for _ in 0..500 {
+            let d = Duration::from_micros(rng.below(2000));
+            let lock = Lock::new("storm")
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone());
+            if let Ok(Ok(g)) = tokio::time::timeout(d, lock.acquire()).await {
+                granted += 1;
+                g.release().await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let g = Lock::new("storm")
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap_or_else(|e| {
+                panic!("the name is not free after the storm ({granted} of 500 granted): {e:?}")
+            });
+        g.release().await.unwrap();
+    }
+
+    /// Rule 3 in advisory mode: a release sent again because its caller did not read the first
+    /// answer (simulated: the first answer is ignored) is answered `Freed`, never `NotOwner`; the
+    /// name is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_advisory_release_sent_again_is_answered_freed() {
+        use dlock::{Acquired, Released};
+        let env = Env::postgres().await;
+        let name = format!("adv-again-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let ttl = Duration::from_secs(30);
+        assert!(matches!(
+            a.try_acquire(&name, "o1", ttl).await.unwrap(),
+            Acquired::Granted { .. }
+        ));
+        let _lost_answer = a.release(&name, "o1", None, true).await;
+        let r = a.release(&name, "o1", None, true).await;
+        assert!(matches!(r, Ok(Released::Freed)), "{r:?}");
+        // A release of an owner that never held it is still NotOwner.
+        let r = a.release(&name, "never", None, true).await;
+        assert!(matches!(r, Ok(Released::NotOwner)), "{r:?}");
+        let r = b.try_acquire(&name, "o2", ttl).await.unwrap();
+        assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+        b.release(&name, "o2", None, true).await.unwrap();
+    }
+
+    /// sql.md #2: 500 acquires of one free name on an advisory backend, each dropped after a
+    /// random 0-2 ms (most while `pg_try_advisory_lock` is in flight), leave no session lock
+    /// behind: a second later `pg_locks` has no row for the name's key and another advisory
+    /// backend gets the name within 1 s. (Before, a try dropped after it was sent took the lock
+    /// for nobody, for the life of the session.)
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_advisory_cancellation_storm_leaks_no_session_lock() {
+        let env = Env::postgres().await;
+        let name = format!("adv-storm-{}", env.db().table);
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let mut rng = Rng::new(17);
+        let mut granted = 0;
+        for _ in 0..500 {
+            let d = Duration::from_micros(rng.below(2000));
+            let lock = Lock::new(name.clone())
+                .ttl(Duration::from_secs(30))
+                .with_backend(a.clone());
+            if let Ok(Ok(g)) = tokio::time::timeout(d, lock.acquire()).await {
+                granted += 1;
+                g.release().await.unwrap();
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let admin = common::sql::pg_admin(&env.db().url).await;
+        let key = dlock::postgres_advisory_key(&env.db().table, &name);
+        let rows: i64 = admin
+            .query_one(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                 AND objsubid = 1 AND ((classid::bigint << 32) | objid::bigint) = $1",
+                &[&key],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            rows, 0,
+            "a session lock was left behind ({granted} of 500 granted)"
+        );
+        let g = Lock::new(name.clone())
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("the name is free after the storm");
+        g.release().await.unwrap();
+    }
+
+    /// Holds `BEGIN; ALTER SEQUENCE <table>_fence ...` open on an admin connection, so that the
+    /// next `nextval` (every advisory grant) waits for it; rolled back when the client is dropped.
+    async fn block_the_fence(env: &Env) -> dlock::tokio_postgres::Client {
+        let admin = common::sql::pg_admin(&env.db().url).await;
+        admin
+            .batch_execute(&format!(
+                "BEGIN; ALTER SEQUENCE {}_fence INCREMENT BY 1",
+                env.db().table
+            ))
+            .await
+            .unwrap();
+        admin
+    }
+
+    /// sql.md #4a: a call that goes unanswered (here: `op_timeout` 500 ms, while an `ALTER
+    /// SEQUENCE` blocks the grant's `nextval`) makes the backend end its advisory session, which
+    /// frees every lock on it: the holder of another name hears `lost()` at once (before, only at
+    /// its next renewal, a third of the ttl later), and another backend then gets that name.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_ended_advisory_session_fires_lost_for_every_hold_at_once() {
+        let env = Env::postgres().await;
+        let (x, y) = (
+            format!("adv-x-{}", env.db().table),
+            format!("adv-y-{}", env.db().table),
+        );
+        let a: Arc<dyn Backend> = Arc::new(
+            dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .advisory(true)
+                .op_timeout(Duration::from_millis(500))
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let b = advisory_backend(&env).await;
+        let g = Lock::new(x.clone())
+            .ttl(Duration::from_secs(30))
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let lost = g.lost();
+        let admin = block_the_fence(&env).await;
+        let e = Lock::new(y.clone())
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .expect_err("nextval is blocked");
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+        let t0 = Instant::now();
+        let reason = tokio::time::timeout(Duration::from_millis(300), lost)
+            .await
+            .expect("lost() fires when the session is ended");
+        assert_eq!(reason, dlock::LostReason::NotOwner);
+        assert!(!g.is_valid());
+        drop(admin);
+        // The server ends the abandoned session once its blocked statement ends (its
+        // statement_timeout, 2 s), which frees x.
+        let g2 = Lock::new(x.clone())
+            .wait(Duration::from_secs(4))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("x is free once the session has ended");
+        eprintln!("lost at once; x granted to b {:?} after", t0.elapsed());
+        g2.release().await.unwrap();
+        let _ = g.release().await;
+    }
+
+    /// sql.md #4a: a statement that fails on the server (here `statement_timeout` cancels a
+    /// grant's `nextval`, blocked by an `ALTER SEQUENCE`) no longer ends the session: the lock it
+    /// may have taken is unlocked, and the other holds of the session stay (before, the session
+    /// was dropped, which freed them all while their guards stayed valid).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_advisory_statement_keeps_the_sessions_other_locks() {
+        let env = Env::postgres().await;
+        let (x, y) = (
+            format!("adv-x2-{}", env.db().table),
+            format!("adv-y2-{}", env.db().table),
+        );
+        let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
+        let g = Lock::new(x.clone())
+            .ttl(Duration::from_secs(30))
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let admin = block_the_fence(&env).await;
+        let e = Lock::new(y.clone())
+            .with_backend(a.clone())
+            .acquire()
+            .await
+            .expect_err("nextval is cancelled by statement_timeout");
+        assert!(matches!(e, LockError::Backend { .. }), "{e:?}");
+        drop(admin);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(g.is_valid());
+        assert!(env.db().pg_advisory_is_locked(&x).await, "x was freed");
+        assert!(
+            !env.db().pg_advisory_is_locked(&y).await,
+            "y was left locked"
+        );
+        let r = Lock::new(x.clone()).with_backend(b.clone()).acquire().await;
+        assert!(matches!(r, Err(LockError::Busy { .. })), "{r:?}");
+        g.release().await.unwrap();
+        let gy = Lock::new(y.clone())
+            .wait(Duration::from_secs(1))
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .expect("y is free");
+        gy.release().await.unwrap();
+    }
+
+    /// sql.md #4b: the backend's sessions ask the server to end them when their client dies or
+    /// is cut off (keepalive after 10 s idle, every 5 s, 3 probes: 25 s; unacknowledged data:
+    /// 20 s), where the server's defaults took up to ~2 h; the client side uses the same.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_backends_sessions_end_within_25_s_of_a_dead_client() {
+        let env = Env::postgres().await;
+        let b = common::sql::pg_backend(&env.db().url, &env.db().table).await;
+        let c = b.pool().get().await.unwrap();
+        for (k, v) in [
+            ("tcp_keepalives_idle", "10"),
+            ("tcp_keepalives_interval", "5"),
+            ("tcp_keepalives_count", "3"),
+            ("tcp_user_timeout", "20000"),
+        ] {
+            let got: String = c.query_one(&format!("SHOW {k}"), &[]).await.unwrap().get(0);
+            assert_eq!(got, v, "{k}");
+        }
+    }
+
     async fn private_backend(srv: &PgProc) -> Arc<dyn Backend> {
         Arc::new(
             dlock::PostgresBackend::builder(&srv.url())
@@ -1437,6 +1951,36 @@ mod on_mysql {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tokens_increase_after_rows_are_deleted_behind_the_backend() {
         super::tokens_increase_after_rows_are_deleted_behind_the_backend(Env::mysql().await).await
+    }
+
+    /// Rule 3 on MySQL / MariaDB.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner() {
+        let env = Env::mysql().await;
+        let (proxy, url) = super::via_proxy(&env.db().url);
+        let b = dlock::MysqlBackend::builder(&url)
+            .table(&env.db().table)
+            .op_timeout(Duration::from_millis(500))
+            .connect()
+            .await
+            .unwrap();
+        super::a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
+            &env,
+            Arc::new(b),
+            &proxy,
+        )
+        .await
+    }
+
+    /// sql.md #5 on MySQL / MariaDB.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_after_release_does_not_re_hold_the_lock() {
+        let env = Env::mysql().await;
+        super::a_renewal_after_release_does_not_re_hold_the_lock(
+            env.backend(),
+            env.another_backend().await,
+        )
+        .await
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

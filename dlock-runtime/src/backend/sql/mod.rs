@@ -60,6 +60,161 @@ where
     }
 }
 
+/// Releases (of every hold: `all`) whose answer was not read, per (name, owner): sent, then
+/// an error, a timeout or a dropped future. The release may have been applied or not. Until an
+/// answer comes, the backend re-sends it in the background (see [`release_until_confirmed`]),
+/// and a release of such an owner that finds nothing of it held reports `Freed` when the row
+/// shows that owner's release applied (its own count 0, or the row gone), never `NotOwner` for
+/// a release of its own whose answer was lost.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug, Default)]
+pub(crate) struct Unconfirmed(
+    std::sync::Mutex<std::collections::HashMap<(String, String), Resend>>,
+);
+
+/// The state of an unanswered release: re-sent in the background, or answered there (kept a
+/// while, so that the caller's own retry is answered as the release it was).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+#[derive(Debug)]
+struct Resend {
+    running: bool,
+    ended: Option<std::time::Instant>,
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+impl Unconfirmed {
+    fn set(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<(String, String), Resend>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether a release of `owner` on `name` went unanswered to its caller.
+    pub(crate) fn contains(&self, name: &str, owner: &str) -> bool {
+        self.set()
+            .contains_key(&(name.to_string(), owner.to_string()))
+    }
+}
+
+/// A database backend's single release (one statement, no retry of its own).
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) trait ReleaseOnce: Clone + Send + Sync + 'static {
+    fn unconfirmed(&self) -> &Unconfirmed;
+    fn release_once<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> crate::backend::BoxFuture<'a, Result<crate::backend::Released, LockError>>;
+}
+
+/// How long the background re-sending of an unanswered release goes on (back-off 100 ms to
+/// 2 s): past it, the lease (the holder's ttl) frees the row by itself.
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+const RESEND_RELEASE_FOR: Duration = Duration::from_secs(60);
+
+/// `release_once`, and when its answer is not read (an error, a timeout, the future dropped)
+/// and it released every hold (`all`: re-sending a decrement could decrement twice), the
+/// release is re-sent in the background, with back-off, until it is answered (rule 3 of
+/// "Calls whose outcome is unknown").
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+pub(crate) async fn release_until_confirmed<B: ReleaseOnce>(
+    b: &B,
+    name: &str,
+    owner: &str,
+    keep_for: Option<Duration>,
+    all: bool,
+) -> Result<crate::backend::Released, LockError> {
+    struct Armed<'a, B: ReleaseOnce> {
+        b: &'a B,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        armed: bool,
+    }
+    impl<B: ReleaseOnce> Drop for Armed<'_, B> {
+        fn drop(&mut self) {
+            if self.armed {
+                resend_in_background(self.b, self.name, self.owner, self.keep_for);
+            }
+        }
+    }
+    let mut g = Armed {
+        b,
+        name,
+        owner,
+        keep_for,
+        armed: all,
+    };
+    let r = b.release_once(name, owner, keep_for, all).await;
+    if r.is_ok() {
+        g.armed = false;
+        b.unconfirmed()
+            .set()
+            .remove(&(name.to_string(), owner.to_string()));
+    }
+    r
+}
+
+#[cfg(any(feature = "postgres", feature = "mysql"))]
+fn resend_in_background<B: ReleaseOnce>(
+    b: &B,
+    name: &str,
+    owner: &str,
+    keep_for: Option<Duration>,
+) {
+    let key = (name.to_string(), owner.to_string());
+    {
+        let mut set = b.unconfirmed().set();
+        // Answered long ago: forget them (owner ids are never reused).
+        set.retain(|_, r| {
+            r.ended
+                .is_none_or(|t| t.elapsed() < Duration::from_secs(600))
+        });
+        let r = set.entry(key.clone()).or_insert(Resend {
+            running: false,
+            ended: None,
+        });
+        if r.running {
+            return; // re-sent already
+        }
+        r.running = true;
+        r.ended = None;
+    }
+    let Ok(rt) = tokio::runtime::Handle::try_current() else {
+        // No runtime: the lease frees the row by itself.
+        b.unconfirmed().set().remove(&key);
+        return;
+    };
+    let b = b.clone();
+    rt.spawn(async move {
+        let end = tokio::time::Instant::now() + RESEND_RELEASE_FOR;
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            tokio::time::sleep(backoff).await;
+            if !b.unconfirmed().set().contains_key(&key) {
+                return; // the caller's own release was answered meanwhile
+            }
+            match b.release_once(&key.0, &key.1, keep_for, true).await {
+                Ok(_) => break,
+                Err(e) if tokio::time::Instant::now() + backoff >= end => {
+                    tracing::warn!(key = %key.0, error = %e, "dlock: a release still unanswered after {RESEND_RELEASE_FOR:?}; its lease frees the lock");
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(key = %key.0, error = %e, "dlock: re-sending an unanswered release");
+                }
+            }
+            backoff = (backoff * 2).min(Duration::from_secs(2));
+        }
+        if let Some(r) = b.unconfirmed().set().get_mut(&key) {
+            r.running = false;
+            r.ended = Some(std::time::Instant::now());
+        }
+    });
+}
+
 /// Checks a table name: `table` or `schema.table`, each part `[A-Za-z_][A-Za-z0-9_]*`, at most
 /// 48 bytes each (so derived names such as `<table>_fence` stay within identifier limits).
 pub(crate) fn check_table(table: &str) -> Result<(), LockError> {

@@ -319,6 +319,7 @@ impl MysqlBackendBuilder {
                 pollers: Mutex::new(HashMap::new()),
                 releases: std::sync::atomic::AtomicU64::new(0),
                 sweep_after_us: micros(self.sweep_after),
+                unconfirmed: super::Unconfirmed::default(),
             }),
         };
         let ddl = if self.create_schema {
@@ -435,6 +436,8 @@ struct Inner {
     pollers: Mutex<HashMap<String, JoinHandle<()>>>,
     releases: std::sync::atomic::AtomicU64,
     sweep_after_us: i64,
+    /// Releases whose answer was not read (see [`super::Unconfirmed`]).
+    unconfirmed: super::Unconfirmed,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -661,6 +664,74 @@ async fn poll_loop(inner: Weak<Inner>, name: String) {
     }
 }
 
+impl super::ReleaseOnce for MysqlBackend {
+    fn unconfirmed(&self) -> &super::Unconfirmed {
+        &self.inner.unconfirmed
+    }
+
+    /// One release (see [`super::release_until_confirmed`]).
+    fn release_once<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let t = &self.inner.table;
+            let (mut n, mut o) = (String::new(), String::new());
+            hex(&mut n, name.as_bytes());
+            hex(&mut o, owner.as_bytes());
+            let keep = keep_for.filter(|k| !k.is_zero());
+            let end = match keep {
+                Some(k) => format!("UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND", micros(k)),
+                None => "UTC_TIMESTAMP(6)".to_string(),
+            };
+            let sql = format!(
+                "UPDATE {t} SET \
+                   count = IF({all} OR count <= 1, 0, count - 1), \
+                   expires_at = IF(count = 0, {end}, expires_at) \
+                 WHERE name = {n} AND owner = {o} AND count > 0 AND expires_at > UTC_TIMESTAMP(6); \
+                 SELECT ROW_COUNT(), (SELECT count FROM {t} WHERE name = {n}), \
+                   (SELECT owner = {o} AND count = 0 FROM {t} WHERE name = {n})",
+                all = if all { "TRUE" } else { "FALSE" }
+            );
+            let rows = Self::last_rows(&self.inner, name, "the release statements", &sql).await?;
+            let (changed, left) = rows
+                .first()
+                .map(|r| {
+                    (
+                        r.get::<i64, _>(0).unwrap_or(0),
+                        r.get::<Option<i64>, _>(1).flatten().unwrap_or(0),
+                    )
+                })
+                .unwrap_or((0, 0));
+            if changed == 0 {
+                // Nothing of the owner held. After a release of it whose answer was lost, the
+                // row tells whether that one was applied: the owner's row at count 0, or no row
+                // (swept); it is then reported as the release it was, not NotOwner.
+                let released_by_owner = rows
+                    .first()
+                    .map(|r| r.get::<Option<i64>, _>(2).flatten())
+                    .unwrap_or(None)
+                    .is_none_or(|v| v == 1);
+                if released_by_owner && self.inner.unconfirmed.contains(name, owner) {
+                    return Ok(Released::Freed);
+                }
+                return Ok(Released::NotOwner);
+            }
+            if left > 0 {
+                return Ok(Released::Decremented(left as u32));
+            }
+            if keep.is_none() {
+                self.inner.waiters.wake_one(name);
+            }
+            self.maybe_sweep();
+            Ok(Released::Freed)
+        })
+    }
+}
+
 impl Backend for MysqlBackend {
     fn try_acquire<'a>(
         &'a self,
@@ -722,46 +793,9 @@ impl Backend for MysqlBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(async move {
-            let t = &self.inner.table;
-            let (mut n, mut o) = (String::new(), String::new());
-            hex(&mut n, name.as_bytes());
-            hex(&mut o, owner.as_bytes());
-            let keep = keep_for.filter(|k| !k.is_zero());
-            let end = match keep {
-                Some(k) => format!("UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND", micros(k)),
-                None => "UTC_TIMESTAMP(6)".to_string(),
-            };
-            let sql = format!(
-                "UPDATE {t} SET \
-                   count = IF({all} OR count <= 1, 0, count - 1), \
-                   expires_at = IF(count = 0, {end}, expires_at) \
-                 WHERE name = {n} AND owner = {o} AND count > 0 AND expires_at > UTC_TIMESTAMP(6); \
-                 SELECT ROW_COUNT(), (SELECT count FROM {t} WHERE name = {n})",
-                all = if all { "TRUE" } else { "FALSE" }
-            );
-            let rows = Self::last_rows(&self.inner, name, "the release statements", &sql).await?;
-            let (changed, left) = rows
-                .first()
-                .map(|r| {
-                    (
-                        r.get::<i64, _>(0).unwrap_or(0),
-                        r.get::<Option<i64>, _>(1).flatten().unwrap_or(0),
-                    )
-                })
-                .unwrap_or((0, 0));
-            if changed == 0 {
-                return Ok(Released::NotOwner);
-            }
-            if left > 0 {
-                return Ok(Released::Decremented(left as u32));
-            }
-            if keep.is_none() {
-                self.inner.waiters.wake_one(name);
-            }
-            self.maybe_sweep();
-            Ok(Released::Freed)
-        })
+        Box::pin(super::release_until_confirmed(
+            self, name, owner, keep_for, all,
+        ))
     }
 
     fn extend<'a>(
@@ -775,9 +809,12 @@ impl Backend for MysqlBackend {
             let (mut n, mut o) = (String::new(), String::new());
             hex(&mut n, name.as_bytes());
             hex(&mut o, owner.as_bytes());
+            // `count > 0`: a row the owner released (freed, or kept by hold_at_least) is not
+            // re-held by a renewal that was sent before the release (sql.md #5).
             let sql = format!(
                 "UPDATE {t} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND \
-                 WHERE name = {n} AND owner = {o} AND expires_at > UTC_TIMESTAMP(6); \
+                 WHERE name = {n} AND owner = {o} AND count > 0 \
+                   AND expires_at > UTC_TIMESTAMP(6); \
                  SELECT ROW_COUNT()",
                 micros(ttl)
             );

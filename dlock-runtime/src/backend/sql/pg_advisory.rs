@@ -25,6 +25,7 @@ use tokio_postgres::types::Type;
 use super::bounded;
 use crate::LockError;
 use crate::backend::{Acquired, Extended, Released};
+use tokio_util::sync::CancellationToken;
 
 type DynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -53,14 +54,60 @@ pub fn advisory_key(table: &str, name: &str) -> i64 {
 struct Session {
     client: tokio_postgres::Client,
     generation: u64,
+    /// Cancelled when the session ends (dropped by this process, or its connection closed):
+    /// every lock on it is gone on the server at that moment (sql.md #4a).
+    lost: CancellationToken,
 }
 
+/// A hold of this process, or a try in flight for it.
 #[derive(Debug)]
 struct Held {
     owner: String,
+    /// Holds (0: kept by `hold_at_least`, or being given back).
     count: u32,
     token: u64,
     generation: u64,
+    /// `pg_try_advisory_lock` for `owner` was (or was about to be) sent on the session of
+    /// `generation` and its answer not read: the session may hold the lock for nobody. Marked
+    /// before the statement is sent, so the give-back of `owner` (ordered behind the try on the
+    /// one session) finds it and unlocks, and a later try of the name does so first.
+    pending: bool,
+    /// The session's [`Session::lost`].
+    lost: CancellationToken,
+    /// Its release (no keep) is giving it back.
+    releasing: bool,
+}
+
+/// A current-thread runtime on a thread of its own: the session's connection driver, the
+/// give-backs and the `hold_at_least` timers run there, so none of them dies with a caller's
+/// runtime (a `#[tokio::test]`'s, or the runtime-shutdown helper's temporary one) while the
+/// session, and the locks on it, live on. Stopped when the backend is dropped.
+struct OwnRuntime {
+    handle: tokio::runtime::Handle,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for OwnRuntime {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl OwnRuntime {
+    fn start() -> Result<OwnRuntime, LockError> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| LockError::Config(format!("advisory mode's runtime: {e}")))?;
+        let handle = rt.handle().clone();
+        let stop = tokio_util::sync::CancellationToken::new();
+        let s = stop.clone();
+        std::thread::Builder::new()
+            .name("dlock-pg-advisory".into())
+            .spawn(move || rt.block_on(s.cancelled()))
+            .map_err(|e| LockError::Config(format!("advisory mode's thread: {e}")))?;
+        Ok(OwnRuntime { handle, stop })
+    }
 }
 
 /// The dedicated session and what this process holds on it.
@@ -75,6 +122,10 @@ pub(crate) struct Advisory {
     channel: String,
     op_timeout: Duration,
     connect_timeout: Duration,
+    rt: OwnRuntime,
+    /// Holds given back lately, per (name, owner), with when: a release of the owner sent again
+    /// (its first answer was lost to its caller) is answered `Freed`, not `NotOwner`.
+    released: Mutex<HashMap<(String, String), std::time::Instant>>,
 }
 
 impl std::fmt::Debug for Advisory {
@@ -91,8 +142,8 @@ impl Advisory {
         channel: String,
         op_timeout: Duration,
         connect_timeout: Duration,
-    ) -> Advisory {
-        Advisory {
+    ) -> Result<Advisory, LockError> {
+        Ok(Advisory {
             cfg,
             connector,
             session: tokio::sync::Mutex::new(None),
@@ -103,32 +154,79 @@ impl Advisory {
             channel,
             op_timeout,
             connect_timeout,
-        }
+            rt: OwnRuntime::start()?,
+            released: Mutex::new(HashMap::new()),
+        })
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
         self.held.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    fn released(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), std::time::Instant>> {
+        self.released.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes that `owner`'s hold of `name` was given back (kept 10 minutes; owner ids are
+    /// never reused).
+    fn remember_released(&self, name: &str, owner: &str) {
+        let mut r = self.released();
+        if r.len() >= 1024 {
+            r.retain(|_, at| at.elapsed() < Duration::from_secs(600));
+        }
+        r.insert(
+            (name.to_string(), owner.to_string()),
+            std::time::Instant::now(),
+        );
+    }
+
     /// Opens the session and refuses a transaction-mode pooler (see [`Advisory::pooler_check`]).
-    pub(crate) async fn open(&self, key: &str) -> Result<(tokio_postgres::Client, u64), LockError> {
-        let client = self.connect(key).await?;
+    async fn open(&self, key: &str) -> Result<Session, LockError> {
+        let (client, driver) = self.connect(key).await?;
         self.pooler_check(key, &client).await?;
         let generation = self
             .next_generation
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok((client, generation))
+        let lost = CancellationToken::new();
+        let l = lost.clone();
+        // The connection's end (the server ended the session, the network broke, the client
+        // was dropped) is the end of every lock on it: the holders hear it at once.
+        self.rt.handle.spawn(async move {
+            let _ = driver.await;
+            l.cancel();
+        });
+        Ok(Session {
+            client,
+            generation,
+            lost,
+        })
     }
 
-    async fn connect(&self, key: &str) -> Result<tokio_postgres::Client, LockError> {
-        let (client, _driver) = bounded(
+    /// Fires when the hold of `owner` on `name` is gone with its session (see [`Session::lost`]).
+    pub(crate) fn lost_signal(&self, name: &str, owner: &str) -> Option<CancellationToken> {
+        self.held()
+            .get(name)
+            .filter(|h| h.owner == owner && !h.pending && h.count > 0)
+            .map(|h| h.lost.clone())
+    }
+
+    /// Connects one session whose driver runs on the backend's own runtime.
+    async fn connect(
+        &self,
+        key: &str,
+    ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), LockError> {
+        let (connector, cfg) = (self.connector.clone(), self.cfg.clone());
+        let task = self
+            .rt
+            .handle
+            .spawn(async move { connector.connect(&cfg, None).await });
+        bounded(
             key,
             "the advisory session's connect",
             self.connect_timeout,
-            self.connector.connect(&self.cfg, None),
+            async { task.await.map_err(DynError::from)?.map_err(DynError::from) },
         )
-        .await?;
-        Ok(client)
+        .await
     }
 
     /// Two signs that statements on one client connection do not share one server session, as
@@ -188,7 +286,7 @@ impl Advisory {
             // Our random key is held elsewhere (vanishingly rare): nothing to conclude.
             return Ok(());
         }
-        let second = self.connect(key).await?;
+        let (second, _) = self.connect(key).await?;
         let shared = bounded(key, "the pooler probe", self.op_timeout, async {
             let r = first_value(
                 second
@@ -225,65 +323,54 @@ impl Advisory {
 
     /// Opens the session at start-up (so a pooler in between is refused by `connect`).
     pub(crate) async fn start(&self) -> Result<(), LockError> {
-        let (client, generation) = self.open("").await?;
-        *self.session.lock().await = Some(Session { client, generation });
+        let session = self.open("").await?;
+        *self.session.lock().await = Some(session);
         Ok(())
     }
 
-    /// Runs `f` on the live session (opening a new one when it was lost); returns the session's
-    /// generation with the result.
-    async fn with_session<T>(
-        &self,
+    /// The live session (opening a new one when it was lost), with the mutex held.
+    async fn live_session<'s>(
+        &'s self,
         key: &str,
-        what: &'static str,
-        sql: &str,
-        params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)],
-        map: impl FnOnce(Vec<tokio_postgres::Row>) -> Result<T, DynError>,
-    ) -> Result<(T, u64), LockError> {
+    ) -> Result<tokio::sync::MutexGuard<'s, Option<Session>>, LockError> {
         let mut guard = self.session.lock().await;
         if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
-            let (client, generation) = self.open(key).await?;
-            // Locks of the old session are gone with it.
-            self.held().retain(|_, h| h.generation == generation);
-            *guard = Some(Session { client, generation });
+            self.drop_session(&mut guard);
+            *guard = Some(self.open(key).await?);
         }
-        let s = guard.as_ref().expect("session set above");
-        let generation = s.generation;
-        let rows = bounded(
-            key,
-            what,
-            self.op_timeout,
-            s.client.query_typed(sql, params),
-        )
-        .await;
-        let rows = match rows {
-            Ok(r) => r,
-            Err(e) => {
-                // A timed-out or failed session cannot be trusted to still hold anything.
-                *guard = None;
-                return Err(e);
-            }
-        };
-        drop(guard);
-        let t = map(rows).map_err(|e| LockError::backend(key, e))?;
-        Ok((t, generation))
+        Ok(guard)
     }
 
-    fn live_generation(&self) -> Option<u64> {
-        self.session.try_lock().ok().and_then(|g| {
-            g.as_ref()
-                .filter(|s| !s.client.is_closed())
-                .map(|s| s.generation)
-        })
+    /// Drops the session (its server session ends, and every lock on it with it) and forgets
+    /// the holds of it.
+    fn drop_session(&self, guard: &mut Option<Session>) {
+        if let Some(s) = guard.take() {
+            s.lost.cancel();
+            self.held().retain(|_, h| h.generation != s.generation);
+        }
+    }
+
+    /// The entries of this process for `name`, without one whose session has ended (the lock
+    /// went with it).
+    fn held_live(&self, name: &str) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
+        let mut held = self.held();
+        if held.get(name).is_some_and(|h| h.lost.is_cancelled()) {
+            held.remove(name);
+        }
+        held
     }
 
     pub(crate) async fn try_acquire(&self, name: &str, owner: &str) -> Result<Acquired, LockError> {
         let mine = {
-            let held = self.held();
+            let held = self.held_live(name);
             match held.get(name) {
-                Some(h) if h.owner != owner => return Ok(Acquired::Busy { remaining: None }),
-                Some(h) => Some(h.generation),
-                None => None,
+                // Another owner's hold; a pending entry is an abandoned try (see below).
+                Some(h) if h.owner != owner && !h.pending => {
+                    return Ok(Acquired::Busy { remaining: None });
+                }
+                Some(h) if h.owner == owner && !h.pending && h.count > 0 => Some(h.generation),
+                Some(h) if h.owner == owner => return Ok(Acquired::Busy { remaining: None }),
+                _ => None,
             }
         };
         if let Some(generation) = mine {
@@ -294,6 +381,7 @@ impl Advisory {
                 if let Some(h) = held.get_mut(name)
                     && h.owner == owner
                     && h.generation == generation
+                    && !h.pending
                 {
                     h.count += 1;
                     return Ok(Acquired::Granted {
@@ -307,70 +395,213 @@ impl Advisory {
             }
         }
         let key = advisory_key(&self.table, name);
+        let mut guard = self.live_session(name).await?;
+        let (generation, lost) = {
+            let s = guard.as_ref().expect("live session");
+            (s.generation, s.lost.clone())
+        };
+        // The session mutex is held from here to the bookkeeping of the answer, so a pending
+        // entry met here is a try whose caller went away: its lock (if it was granted) is given
+        // back first, on the session, behind it.
+        let abandoned = {
+            let mut held = self.held();
+            match held.get(name) {
+                Some(h) if h.generation != generation => {
+                    held.remove(name);
+                    false
+                }
+                Some(h) if h.pending => true,
+                Some(_) => return Ok(Acquired::Busy { remaining: None }),
+                None => false,
+            }
+        };
+        if abandoned {
+            let r = {
+                let client = &guard.as_ref().expect("live session").client;
+                bounded(
+                    name,
+                    "pg_advisory_unlock",
+                    self.op_timeout,
+                    client.query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)]),
+                )
+                .await
+            };
+            if let Err(e) = r {
+                self.drop_session(&mut guard);
+                return Err(e);
+            }
+            self.held().remove(name);
+        }
+        self.held().insert(
+            name.to_string(),
+            Held {
+                owner: owner.to_string(),
+                count: 0,
+                token: 0,
+                generation,
+                pending: true,
+                lost,
+                releasing: false,
+            },
+        );
         let sql = format!(
             "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{}') END",
             self.fence_seq
         );
-        let (token, generation) = self
-            .with_session(
-                name,
-                "pg_try_advisory_lock",
-                &sql,
-                &[(&key, Type::INT8)],
-                |rows| Ok(rows.first().and_then(|r| r.get::<_, Option<i64>>(0))),
+        let r = {
+            let client = &guard.as_ref().expect("live session").client;
+            tokio::time::timeout(
+                self.op_timeout,
+                client.query_typed(&sql, &[(&key, Type::INT8)]),
             )
-            .await?;
-        let Some(token) = token else {
-            return Ok(Acquired::Busy { remaining: None });
+            .await
         };
-        let raced = {
-            let mut held = self.held();
-            if held.contains_key(name) {
-                true
-            } else {
-                held.insert(
-                    name.to_string(),
-                    Held {
-                        owner: owner.to_string(),
-                        count: 1,
-                        token: token as u64,
-                        generation,
-                    },
-                );
-                false
+        let forget = |this: &Self| {
+            let mut held = this.held();
+            if held
+                .get(name)
+                .is_some_and(|h| h.owner == owner && h.generation == generation)
+            {
+                held.remove(name);
             }
         };
-        if raced {
-            // Another owner of this process won the same name meanwhile: give ours back.
-            let _ = self.unlock(name, false).await;
-            return Ok(Acquired::Busy { remaining: None });
+        match r {
+            Ok(Ok(rows)) => {
+                let token = rows.first().and_then(|r| r.get::<_, Option<i64>>(0));
+                let Some(token) = token else {
+                    forget(self);
+                    return Ok(Acquired::Busy { remaining: None });
+                };
+                if let Some(h) = self.held().get_mut(name) {
+                    h.pending = false;
+                    h.count = 1;
+                    h.token = token as u64;
+                }
+                Ok(Acquired::Granted {
+                    token: token as u64,
+                    count: 1,
+                })
+            }
+            Ok(Err(e))
+                if e.as_db_error().is_some()
+                    && !guard.as_ref().expect("live").client.is_closed() =>
+            {
+                // A SQL error (say nextval refused): the statement's transaction is rolled
+                // back, but a session lock taken in it is not; unlock it (an unlock of a lock
+                // not held only warns) and keep the session and the other holds on it.
+                let client = &guard.as_ref().expect("live session").client;
+                let u = bounded(
+                    name,
+                    "pg_advisory_unlock",
+                    self.op_timeout,
+                    client.query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)]),
+                )
+                .await;
+                if u.is_err() {
+                    self.drop_session(&mut guard);
+                } else {
+                    forget(self);
+                }
+                Err(LockError::backend(name, e))
+            }
+            Ok(Err(e)) => {
+                self.drop_session(&mut guard);
+                Err(LockError::backend(name, e))
+            }
+            Err(_) => {
+                // No answer: the session's state is unknown; it is ended (with every lock on
+                // it) rather than trusted.
+                self.drop_session(&mut guard);
+                Err(LockError::backend(
+                    name,
+                    super::SqlTimeout {
+                        what: "pg_try_advisory_lock",
+                        after: self.op_timeout,
+                    },
+                ))
+            }
         }
-        Ok(Acquired::Granted {
-            token: token as u64,
-            count: 1,
+    }
+
+    /// Gives back the lock of `owner` taken on the session of `generation` (`notify`: wake
+    /// waiters), on the backend's own runtime, and forgets the hold once that is confirmed: the
+    /// unlock answered, or the session that held it is gone (ended, which frees it). Returns
+    /// whether the session held it.
+    fn give_back(
+        self: &std::sync::Arc<Self>,
+        name: &str,
+        owner: &str,
+        generation: u64,
+        notify: bool,
+    ) -> tokio::task::JoinHandle<Result<bool, LockError>> {
+        let (me, name, owner) = (self.clone(), name.to_string(), owner.to_string());
+        self.rt.handle.spawn(async move {
+            let forget = || {
+                let mut held = me.held();
+                if held
+                    .get(&name)
+                    .is_some_and(|h| h.owner == owner && h.generation == generation)
+                {
+                    let hold = held.remove(&name).is_some_and(|h| !h.pending);
+                    drop(held);
+                    if hold {
+                        me.remember_released(&name, &owner);
+                    }
+                }
+            };
+            let mut guard = me.session.lock().await;
+            let live = guard
+                .as_ref()
+                .is_some_and(|s| s.generation == generation && !s.client.is_closed());
+            if !live {
+                // The session that held it is gone, and the lock with it.
+                me.drop_session_if_closed(&mut guard);
+                forget();
+                return Ok(false);
+            }
+            let key = advisory_key(&me.table, &name);
+            // The name travels as bytea: text cannot carry a NUL byte, a valid lock name can.
+            let sql = if notify {
+                format!(
+                    "SELECT pg_advisory_unlock($1), pg_notify('{}', encode($2, 'hex'))::text",
+                    me.channel
+                )
+            } else {
+                "SELECT pg_advisory_unlock($1), length($2)".to_string()
+            };
+            let r = {
+                let client = &guard.as_ref().expect("live session").client;
+                bounded(
+                    &name,
+                    "pg_advisory_unlock",
+                    me.op_timeout,
+                    client.query_typed(
+                        &sql,
+                        &[(&key, Type::INT8), (&name.as_bytes(), Type::BYTEA)],
+                    ),
+                )
+                .await
+            };
+            match r {
+                Ok(rows) => {
+                    forget();
+                    Ok(rows.first().and_then(|r| r.get::<_, Option<bool>>(0)) == Some(true))
+                }
+                Err(e) => {
+                    // Unanswered: the session is ended instead (which frees the lock on the
+                    // server), so the hold is never left behind.
+                    tracing::debug!(key = %name, error = %e, "dlock: advisory unlock failed; ending the session");
+                    me.drop_session(&mut guard);
+                    Ok(true)
+                }
+            }
         })
     }
 
-    async fn unlock(&self, name: &str, notify: bool) -> Result<(), LockError> {
-        let key = advisory_key(&self.table, name);
-        // The name travels as bytea: text cannot carry a NUL byte, a valid lock name can.
-        let sql = if notify {
-            format!(
-                "SELECT pg_advisory_unlock($1), pg_notify('{}', encode($2, 'hex'))::text",
-                self.channel
-            )
-        } else {
-            "SELECT pg_advisory_unlock($1), length($2)".to_string()
-        };
-        self.with_session(
-            name,
-            "pg_advisory_unlock",
-            &sql,
-            &[(&key, Type::INT8), (&name.as_bytes(), Type::BYTEA)],
-            |_| Ok(()),
-        )
-        .await
-        .map(|_| ())
+    fn drop_session_if_closed(&self, guard: &mut Option<Session>) {
+        if guard.as_ref().is_some_and(|s| s.client.is_closed()) {
+            self.drop_session(guard);
+        }
     }
 
     pub(crate) async fn release(
@@ -380,35 +611,69 @@ impl Advisory {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
-        let live = self.live_generation();
-        {
-            let mut held = self.held();
-            let Some(h) = held.get_mut(name) else {
-                return Ok(Released::NotOwner);
+        let keep = keep_for.filter(|k| !k.is_zero());
+        // (generation, whether it is a pending try's)
+        let (generation, pending) = {
+            let mut held = self.held_live(name);
+            let mine = held.get_mut(name).filter(|h| h.owner == owner);
+            let Some(h) = mine else {
+                drop(held);
+                // Given back already (a release sent again after its answer was lost)?
+                let key = (name.to_string(), owner.to_string());
+                return Ok(if self.released().contains_key(&key) {
+                    Released::Freed
+                } else {
+                    Released::NotOwner
+                });
             };
-            if h.owner != owner || live.is_some_and(|g| g != h.generation) {
-                return Ok(Released::NotOwner);
+            if h.pending {
+                (h.generation, true)
+            } else if h.count == 0 && !h.releasing {
+                // Kept by hold_at_least: this release was answered already.
+                return Ok(Released::Freed);
+            } else if h.count == 0 {
+                // Being given back (an earlier call of this release went unanswered): wait
+                // for it, behind it.
+                (h.generation, false)
+            } else {
+                h.count = if all { 0 } else { h.count - 1 };
+                if h.count > 0 {
+                    return Ok(Released::Decremented(h.count));
+                }
+                h.releasing = keep.is_none();
+                (h.generation, false)
             }
-            h.count = if all { 0 } else { h.count.saturating_sub(1) };
-            if h.count > 0 {
-                return Ok(Released::Decremented(h.count));
-            }
-            if keep_for.is_none_or(|k| k.is_zero()) {
-                held.remove(name);
-            }
+        };
+        if pending {
+            // The give-back of a try whose answer was not read: unlock whatever it took,
+            // behind it on the session.
+            let took = self
+                .give_back(name, owner, generation, true)
+                .await
+                .map_err(|e| LockError::backend(name, e))??;
+            return Ok(if took {
+                Released::Freed
+            } else {
+                Released::NotOwner
+            });
         }
-        match keep_for.filter(|k| !k.is_zero()) {
-            None => self.unlock(name, true).await?,
+        match keep {
+            None => {
+                self.give_back(name, owner, generation, true)
+                    .await
+                    .map_err(|e| LockError::backend(name, e))??;
+            }
             Some(keep) => {
-                // hold_at_least: keep the session lock for the remainder, then give it back.
-                let me = self.clone();
-                let name = name.to_string();
-                tokio::spawn(async move {
+                // hold_at_least: keep the session lock for the remainder, then give it back
+                // (on the backend's own runtime, which outlives the caller's).
+                let (me, name, owner) = (self.clone(), name.to_string(), owner.to_string());
+                self.rt.handle.spawn(async move {
                     tokio::time::sleep(keep).await;
-                    let still = me.held().get(&name).is_some_and(|h| h.count == 0);
+                    let still = me.held().get(&name).is_some_and(|h| {
+                        h.owner == owner && h.generation == generation && h.count == 0 && !h.pending
+                    });
                     if still {
-                        me.held().remove(&name);
-                        let _ = me.unlock(&name, true).await;
+                        let _ = me.give_back(&name, &owner, generation, true).await;
                     }
                 });
             }
@@ -419,9 +684,9 @@ impl Advisory {
     /// The session that took the lock must still be the live one: one round trip proves it.
     pub(crate) async fn extend(&self, name: &str, owner: &str) -> Result<Extended, LockError> {
         let generation = {
-            let held = self.held();
+            let held = self.held_live(name);
             match held.get(name) {
-                Some(h) if h.owner == owner && h.count > 0 => h.generation,
+                Some(h) if h.owner == owner && h.count > 0 && !h.pending => h.generation,
                 _ => return Ok(Extended::Lost),
             }
         };
@@ -442,9 +707,7 @@ impl Advisory {
             return Ok(false);
         };
         if s.generation != generation || s.client.is_closed() {
-            if s.client.is_closed() {
-                *guard = None;
-            }
+            self.drop_session_if_closed(&mut guard);
             return Ok(false);
         }
         match bounded(
@@ -458,7 +721,7 @@ impl Advisory {
             Ok(_) => Ok(true),
             Err(e) => {
                 if s.client.is_closed() {
-                    *guard = None;
+                    self.drop_session(&mut guard);
                     return Ok(false);
                 }
                 Err(e)

@@ -131,6 +131,8 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
 struct Sql {
     acquire: String,
     release: String,
+    /// Whether `$2`'s release of `$1` was applied (its own row at count 0).
+    released_by: String,
     extend: String,
     sweep: String,
     schema: String,
@@ -252,13 +254,22 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
                FROM {table} l, c \
                WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
         );
-        let extend = format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
-             UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
-             WHERE l.name = $1 AND l.owner = $2 AND l.expires_at > c.now RETURNING 1"
-        );
+        let extend = extend_statement(table, &grant_sc, true);
         (acquire, extend)
     }
+}
+
+/// The extend statement: `grant_sc` as in [`grant_statements`]; `held_only`: a row the owner
+/// released (count 0: freed, or kept by `hold_at_least`) is not extended (sql.md #5: a renewal
+/// sent before the release but run after it re-held the row for a whole ttl). Without it, the
+/// body of the `extend_v1` functions, kept as they were for processes of older versions.
+fn extend_statement(table: &str, grant_sc: &str, held_only: bool) -> String {
+    let held = if held_only { " AND l.count > 0" } else { "" };
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}) \
+         UPDATE {table} l SET expires_at = c.now + $3 * interval '1 microsecond' FROM c \
+         WHERE l.name = $1 AND l.owner = $2{held} AND l.expires_at > c.now RETURNING 1"
+    )
 }
 
 /// Whether the waiter row `w` belongs to a listening session that is still alive: a session
@@ -421,11 +432,15 @@ fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
 /// process only, plus `<table>_leave_v2`. v1 stays defined, for older processes.
 const FUNCTIONS_VERSION: u32 = 1;
 const FIFO_VERSION: u32 = 2;
+/// v3: the extend functions do not extend a row the owner released (`count > 0`, sql.md #5).
+const EXTEND_VERSION: u32 = 3;
 
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
 /// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
-/// and `<table>_extend_nf_v1`, each wrapping the statement the backend otherwise sends, and the
+/// and `<table>_extend_nf_v1` (kept for older processes; this version calls `<table>_extend_v3`
+/// and `<table>_extend_nf_v3`, which do not extend a released row), each wrapping the statement
+/// the backend otherwise sends, and the
 /// waiters' FIFO forms `<table>_acquire_v2`, `<table>_acquire_nf_v2`, `<table>_release_v2` and
 /// `<table>_leave_v2` (which need the `<table>_waiters` table of [`postgres_schema_sql`]). Teams
 /// that manage migrations apply it after [`postgres_schema_sql`]; idempotent (`CREATE OR
@@ -443,6 +458,14 @@ fn functions(table: &str, durable: bool) -> Functions {
     let v2 = FIFO_VERSION;
     let (acquire_d, extend_d) = grant_statements(table, true, false);
     let (acquire_nf, extend_nf) = grant_statements(table, false, false);
+    // The v1 extend functions as they were (older processes call them); this version calls
+    // the v3 ones, which do not extend a released row.
+    let nf_sc = format!(", {NO_FLUSH_WAIT} AS sc");
+    let (extend_d1, extend_nf1) = (
+        extend_statement(table, "", false),
+        extend_statement(table, &nf_sc, false),
+    );
+    let v3 = EXTEND_VERSION;
     let release = release_statement(table, &channel, false);
     let (acquire_d2, _) = grant_statements(table, true, true);
     let (acquire_nf2, _) = grant_statements(table, false, true);
@@ -454,7 +477,7 @@ fn functions(table: &str, durable: bool) -> Functions {
     let grant_args2 = "bytea, text, bigint, text, integer, bigint";
     let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
     let release_ret = "r_remaining integer, r_notified text";
-    let defs: [(&str, u32, &str, &str, &str); 9] = [
+    let defs: [(&str, u32, &str, &str, &str); 11] = [
         ("acquire", v, grant_args, acquire_ret, &acquire_d),
         ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf),
         (
@@ -464,8 +487,10 @@ fn functions(table: &str, durable: bool) -> Functions {
             release_ret,
             &release,
         ),
-        ("extend", v, grant_args, "r_one integer", &extend_d),
-        ("extend_nf", v, grant_args, "r_one integer", &extend_nf),
+        ("extend", v, grant_args, "r_one integer", &extend_d1),
+        ("extend_nf", v, grant_args, "r_one integer", &extend_nf1),
+        ("extend", v3, grant_args, "r_one integer", &extend_d),
+        ("extend_nf", v3, grant_args, "r_one integer", &extend_nf),
         ("acquire", v2, grant_args2, acquire_ret, &acquire_d2),
         ("acquire_nf", v2, grant_args2, acquire_ret, &acquire_nf2),
         (
@@ -512,11 +537,11 @@ fn functions(table: &str, durable: bool) -> Functions {
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: exist_of(&|ver| ver == v),
+        exist: exist_of(&|ver| ver == v || ver == v3),
         exist_fifo: exist_of(&|_| true),
         acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
-        extend: format!("SELECT * FROM {table}_extend{nf}_v{v}($1, $2, $3)"),
+        extend: format!("SELECT * FROM {table}_extend{nf}_v{v3}($1, $2, $3)"),
         fifo: Fifo {
             acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v2}($1, $2, $3, $4, $5, $6)"),
             release: format!("SELECT * FROM {table}_release_v{v2}($1, $2, $3, $4, $5, $6, $7)"),
@@ -550,6 +575,7 @@ impl Sql {
         Ok(Sql {
             acquire,
             release,
+            released_by: format!("SELECT owner = $2 AND count = 0 FROM {table} WHERE name = $1"),
             extend,
             sweep,
             schema,
@@ -843,11 +869,31 @@ impl PostgresBackendBuilder {
             "-c statement_timeout={}",
             self.statement_timeout.as_millis().max(1)
         );
+        // The server ends a session whose client died or is cut off (sql.md #4b) within about
+        // 25 s: keepalive probes after 10 s of silence, every 5 s, 3 unanswered
+        // ones end it (25 s); data it sent that stays unacknowledged for 20 s ends it too
+        // (tcp_user_timeout, PostgreSQL 12+). Without these the server's defaults
+        // (tcp_keepalives_idle 7200 s here) kept an advisory session's locks for up to ~2 h.
+        // Options of the URL come after, so they win.
+        let ka = "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 \
+                  -c tcp_keepalives_count=3 -c tcp_user_timeout=20000";
         let options = match cfg.get_options() {
-            Some(o) if !o.is_empty() => format!("{o} {st}"),
-            _ => st,
+            Some(o) if !o.is_empty() => format!("{ka} {o} {st}"),
+            _ => format!("{ka} {st}"),
         };
         cfg.options(options);
+        // The same on this side: a dead server or a cut-off path is noticed by the client
+        // within the same bound (unless the URL sets its own).
+        let url_has = |k: &str| url.contains(k);
+        if !url_has("keepalives") {
+            cfg.keepalives(true)
+                .keepalives_idle(Duration::from_secs(10))
+                .keepalives_interval(Duration::from_secs(5))
+                .keepalives_retries(3);
+        }
+        if !url_has("tcp_user_timeout") {
+            cfg.tcp_user_timeout(Duration::from_secs(20));
+        }
         cfg.application_name("dlock");
         Ok(cfg)
     }
@@ -910,7 +956,7 @@ impl PostgresBackendBuilder {
                 sql.channel.clone(),
                 self.op_timeout,
                 self.connect_timeout,
-            );
+            )?;
             // Opens the session now: a pooler in between is refused here.
             a.start().await?;
             Some(Arc::new(a))
@@ -947,6 +993,9 @@ impl PostgresBackendBuilder {
                 releases: std::sync::atomic::AtomicU64::new(0),
                 prepared: self.prepared_statements,
                 functions: std::sync::atomic::AtomicBool::new(false),
+                tries: Mutex::default(),
+                unconfirmed: super::Unconfirmed::default(),
+                statement_timeout: self.statement_timeout,
             }),
         };
         if self.create_schema {
@@ -1044,6 +1093,95 @@ struct Inner {
     /// Calls of the server functions instead of the statements (see `server_functions`); set
     /// once at connect.
     functions: std::sync::atomic::AtomicBool,
+    /// Acquire statements whose reply has not been read (yet), per (name, owner): the give-back
+    /// of such an owner is ordered behind its try (see [`TrySlot`]).
+    tries: Mutex<std::collections::HashMap<(String, String), Arc<TrySlot>>>,
+    /// Releases whose answer was not read (see [`super::Unconfirmed`]).
+    unconfirmed: super::Unconfirmed,
+    /// How long the server lets one statement run (its `statement_timeout`; for a caller's pool,
+    /// the builder's value is assumed).
+    statement_timeout: Duration,
+}
+
+/// An acquire statement of one owner, from just before it is sent until its reply is read. A
+/// try whose reply is never read (its future dropped, an `op_timeout`, a broken connection) may
+/// still be running on the server, and a grant that is committing is invisible to another
+/// session: a give-back on another pooled connection would answer `NotOwner` and the grant
+/// would then commit for nobody (sql.md #1). So the abandoned try's connection is kept here,
+/// out of the pool, and the give-back of that owner is sent on it: one connection runs its
+/// statements in order, so the release runs after the try whatever it did.
+struct TrySlot {
+    state: Mutex<TryState>,
+    /// `true` once the try is no longer in flight (answered or abandoned).
+    settled: tokio_watch::Sender<bool>,
+}
+
+enum TryState {
+    InFlight,
+    /// The reply was not read. `conn`: the connection the statement was sent on (`None`: it was
+    /// never sent, the try was dropped while waiting for a connection); `at`: when.
+    Abandoned {
+        conn: Option<Box<deadpool_postgres::Object>>,
+        at: std::time::Instant,
+    },
+}
+
+/// How long an abandoned try's connection is kept out of the pool for its owner's give-back
+/// (the core sends that at once; it takes the connection out of the slot).
+const ABANDONED_TRY_KEPT: Duration = Duration::from_secs(10);
+
+/// Drop guard of an acquire statement in flight (see [`TrySlot`]).
+struct TryGuard<'a> {
+    inner: &'a Arc<Inner>,
+    key: (String, String),
+    slot: Arc<TrySlot>,
+    conn: Option<deadpool_postgres::Object>,
+    answered: bool,
+}
+
+impl Drop for TryGuard<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            let mut m = locked(&self.inner.tries);
+            if m.get(&self.key).is_some_and(|s| Arc::ptr_eq(s, &self.slot)) {
+                m.remove(&self.key);
+            }
+        } else {
+            let conn = self.conn.take().map(Box::new);
+            let kept = conn.is_some();
+            *locked(&self.slot.state) = TryState::Abandoned {
+                conn,
+                at: std::time::Instant::now(),
+            };
+            // The connection is kept out of the pool for the give-back, but not for ever: a
+            // try whose owner is never given back (a re-entry, which the core does not give
+            // back; no runtime left) would take a pooled connection for good.
+            let (slot, key) = (self.slot.clone(), self.key.clone());
+            let free = move |inner: Option<Arc<Inner>>| {
+                if let TryState::Abandoned { conn, .. } = &mut *locked(&slot.state) {
+                    drop(conn.take());
+                }
+                if let Some(inner) = inner {
+                    let mut m = locked(&inner.tries);
+                    if m.get(&key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                        m.remove(&key);
+                    }
+                }
+            };
+            match tokio::runtime::Handle::try_current() {
+                Ok(rt) if kept => {
+                    let weak = Arc::downgrade(self.inner);
+                    rt.spawn(async move {
+                        tokio::time::sleep(ABANDONED_TRY_KEPT).await;
+                        free(weak.upgrade());
+                    });
+                }
+                Ok(_) => {}
+                Err(_) => free(Some(self.inner.clone())),
+            }
+        }
+        self.slot.settled.send_replace(true);
+    }
 }
 
 /// The identity of a listening session, by which this process queues: its own channel
@@ -1419,17 +1557,125 @@ impl PostgresBackend {
         let prepared = self.inner.prepared;
         bounded(name, what, self.inner.op_timeout, async {
             let c = pool.get().await?;
-            if !prepared {
-                return Ok::<_, DynError>(c.query_typed(sql, params).await?);
-            }
-            // Parsed and planned once per connection (a generic plan after PostgreSQL's first
-            // custom ones), then one Bind/Execute per call.
-            let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
-            let st = c.prepare_typed_cached(sql, &types).await?;
-            let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
-            Ok(c.query(&st, &values).await?)
+            run_on(&c, prepared, sql, params).await
         })
         .await
+    }
+
+    /// An acquire statement of `owner`, tracked until its reply is read (see [`TrySlot`]).
+    async fn query_try(
+        &self,
+        name: &str,
+        owner: &str,
+        sql: &str,
+        params: &[(&(dyn ToSql + Sync), Type)],
+    ) -> Result<Vec<Row>, LockError> {
+        let key = (name.to_string(), owner.to_string());
+        let slot = Arc::new(TrySlot {
+            state: Mutex::new(TryState::InFlight),
+            settled: tokio_watch::Sender::new(false),
+        });
+        {
+            let mut m = locked(&self.inner.tries);
+            if m.len() >= 1024 {
+                // Abandoned tries nobody gave back (no runtime was left for the give-back): the
+                // statement is long over; forget them.
+                m.retain(|_, s| {
+                    !matches!(&*locked(&s.state),
+                        TryState::Abandoned { at, .. } if at.elapsed() > Duration::from_secs(60))
+                });
+            }
+            m.insert(key.clone(), slot.clone());
+        }
+        let mut g = TryGuard {
+            inner: &self.inner,
+            key,
+            slot,
+            conn: None,
+            answered: false,
+        };
+        let pool = &self.inner.pool;
+        let prepared = self.inner.prepared;
+        let r = bounded(
+            name,
+            "the acquire statement",
+            self.inner.op_timeout,
+            async {
+                let c = g.conn.insert(pool.get().await?);
+                run_on(c, prepared, sql, params).await
+            },
+        )
+        .await;
+        if r.is_ok() {
+            g.answered = true;
+        }
+        r
+    }
+
+    /// Before the release of `owner`: when a try of that owner is in flight, waits (bounded)
+    /// until it is answered or abandoned. Returns the abandoned try's connection, and until when
+    /// a `NotOwner` answer cannot be trusted (the try's connection broke, so its statement may
+    /// still commit in a session we cannot order behind: the server's `statement_timeout` ends
+    /// it by then).
+    async fn settle_try(
+        &self,
+        name: &str,
+        owner: &str,
+    ) -> (
+        Option<Arc<TrySlot>>,
+        Option<deadpool_postgres::Object>,
+        Option<std::time::Instant>,
+    ) {
+        let key = (name.to_string(), owner.to_string());
+        let Some(slot) = locked(&self.inner.tries).get(&key).cloned() else {
+            return (None, None, None);
+        };
+        let mut rx = slot.settled.subscribe();
+        let _ = tokio::time::timeout(self.inner.op_timeout, rx.wait_for(|d| *d)).await;
+        let margin = self.inner.statement_timeout + Duration::from_secs(1);
+        let (conn, unsure) = match &mut *locked(&slot.state) {
+            TryState::InFlight => (None, Some(std::time::Instant::now() + margin)),
+            TryState::Abandoned { conn, at } => match conn.take() {
+                Some(c) if !c.is_closed() => (Some(*c), None),
+                Some(_) => (None, Some(*at + margin)),
+                None => (None, None),
+            },
+        };
+        (Some(slot), conn, unsure)
+    }
+
+    /// The give-back of `owner` was answered: its try needs no more tracking.
+    fn try_settled(&self, name: &str, owner: &str, slot: &Arc<TrySlot>) {
+        let key = (name.to_string(), owner.to_string());
+        let mut m = locked(&self.inner.tries);
+        if m.get(&key).is_some_and(|s| Arc::ptr_eq(s, slot)) {
+            m.remove(&key);
+        }
+    }
+
+    /// A release found nothing of `owner` held. When an earlier release of that owner went
+    /// unanswered, the row tells whether it was applied: the owner's own row at count 0 (or no
+    /// row: swept) is its release, `Freed`; otherwise `NotOwner`.
+    async fn nothing_released(&self, name: &str, owner: &str) -> Result<Released, LockError> {
+        if !self.inner.unconfirmed.contains(name, owner) {
+            return Ok(Released::NotOwner);
+        }
+        let rows = self
+            .query(
+                name,
+                "the release check",
+                &self.inner.sql.released_by,
+                &[(&name.as_bytes(), Type::BYTEA), (&owner, Type::TEXT)],
+            )
+            .await?;
+        let released = rows
+            .first()
+            .is_none_or(|r| r.try_get::<_, bool>(0).unwrap_or(false));
+        Ok(if released {
+            Released::Freed
+        } else {
+            Released::NotOwner
+        })
     }
 
     /// Every 256th freeing release, deletes rows idle for five minutes, in the background.
@@ -1524,6 +1770,24 @@ impl PostgresBackend {
             Ok(Ok(_))
         )
     }
+}
+
+/// Runs `sql` on the connection `c`: unnamed, or prepared once per connection (`prepared`).
+async fn run_on(
+    c: &deadpool_postgres::Object,
+    prepared: bool,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+) -> Result<Vec<Row>, DynError> {
+    if !prepared {
+        return Ok(c.query_typed(sql, params).await?);
+    }
+    // Parsed and planned once per connection (a generic plan after PostgreSQL's first custom
+    // ones), then one Bind/Execute per call.
+    let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
+    let st = c.prepare_typed_cached(sql, &types).await?;
+    let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();
+    Ok(c.query(&st, &values).await?)
 }
 
 pub(crate) fn hex_name(payload: &str) -> Option<String> {
@@ -1772,9 +2036,9 @@ impl Backend for PostgresBackend {
             let me = self.queue_as(name);
             let rows = match &me {
                 None => {
-                    self.query(
+                    self.query_try(
                         name,
-                        "the acquire statement",
+                        owner,
                         self.sql_for(|s| &s.acquire, |f| &f.acquire),
                         &[
                             (&name.as_bytes(), Type::BYTEA),
@@ -1787,9 +2051,9 @@ impl Backend for PostgresBackend {
                 Some(m) => {
                     self.before_queueing(name, m).await;
                     let rows = self
-                        .query(
+                        .query_try(
                             name,
-                            "the acquire statement",
+                            owner,
                             self.sql_for(|s| &s.fifo.acquire, |f| &f.fifo.acquire),
                             &[
                                 (&name.as_bytes(), Type::BYTEA),
@@ -1844,86 +2108,7 @@ impl Backend for PostgresBackend {
             if let Some(a) = &self.inner.advisory {
                 return a.release(name, owner, keep_for, all).await;
             }
-            let keep: Option<i64> = keep_for.filter(|k| !k.is_zero()).map(micros);
-            let rows = if self
-                .inner
-                .queueing
-                .fifo
-                .load(std::sync::atomic::Ordering::Relaxed)
-            {
-                // The v2 release wakes the next queued process; callers of this process that
-                // wait for the name queue behind the others.
-                let me = self.queue_as(name);
-                if let Some(m) = &me {
-                    self.before_queueing(name, m).await;
-                }
-                let (ch, pid, started) = match &me {
-                    Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
-                    None => (None, None, None),
-                };
-                if me.is_none() && !self.uses_server_functions() {
-                    let rows = self
-                        .query(
-                            name,
-                            "the release statement",
-                            &self.inner.sql.fifo.release_light,
-                            &[
-                                (&name.as_bytes(), Type::BYTEA),
-                                (&owner, Type::TEXT),
-                                (&all, Type::BOOL),
-                                (&keep, Type::INT8),
-                            ],
-                        )
-                        .await?;
-                    if rows.first().is_some_and(|r| {
-                        r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true)
-                    }) {
-                        self.spawn_cleanup(name);
-                    }
-                    rows
-                } else {
-                    self.query(
-                        name,
-                        "the release statement",
-                        self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release),
-                        &[
-                            (&name.as_bytes(), Type::BYTEA),
-                            (&owner, Type::TEXT),
-                            (&all, Type::BOOL),
-                            (&keep, Type::INT8),
-                            (&ch, Type::TEXT),
-                            (&pid, Type::INT4),
-                            (&started, Type::INT8),
-                        ],
-                    )
-                    .await?
-                }
-            } else {
-                self.query(
-                    name,
-                    "the release statement",
-                    self.sql_for(|s| &s.release, |f| &f.release),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&owner, Type::TEXT),
-                        (&all, Type::BOOL),
-                        (&keep, Type::INT8),
-                    ],
-                )
-                .await?
-            };
-            let Some(row) = rows.first() else {
-                return Ok(Released::NotOwner);
-            };
-            let left: i32 = row.try_get(0).map_err(|e| LockError::backend(name, e))?;
-            if left == 0 {
-                self.maybe_sweep();
-            }
-            Ok(if left > 0 {
-                Released::Decremented(left as u32)
-            } else {
-                Released::Freed
-            })
+            super::release_until_confirmed(self, name, owner, keep_for, all).await
         })
     }
 
@@ -1978,6 +2163,141 @@ impl Backend for PostgresBackend {
     /// Advisory mode: a session lock lives as long as the backend's dedicated session.
     fn lease_expires_by_ttl(&self) -> bool {
         self.inner.advisory.is_none()
+    }
+
+    /// Advisory mode: the session that holds the lock ended (the server ended it, the
+    /// connection broke, or this process dropped it after a call that went unanswered), which
+    /// freed every lock on it at that moment.
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        let t = self.inner.advisory.as_ref()?.lost_signal(name, owner)?;
+        Some(Box::pin(async move { t.cancelled_owned().await }))
+    }
+}
+
+impl super::ReleaseOnce for PostgresBackend {
+    fn unconfirmed(&self) -> &super::Unconfirmed {
+        &self.inner.unconfirmed
+    }
+
+    /// One release statement (table mode; see [`super::release_until_confirmed`]).
+    fn release_once<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let keep: Option<i64> = keep_for.filter(|k| !k.is_zero()).map(micros);
+            // A try of this owner whose reply was not read: the release goes behind it.
+            let (slot, mut conn, unsure) = self.settle_try(name, owner).await;
+            let fifo = self
+                .inner
+                .queueing
+                .fifo
+                .load(std::sync::atomic::Ordering::Relaxed);
+            // The v2 release wakes the next queued process; callers of this process that wait
+            // for the name queue behind the others.
+            let me = if fifo { self.queue_as(name) } else { None };
+            if let Some(m) = &me {
+                self.before_queueing(name, m).await;
+            }
+            let (ch, pid, started) = match &me {
+                Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
+                None => (None, None, None),
+            };
+            let name_b = name.as_bytes();
+            let base: [(&(dyn ToSql + Sync), Type); 4] = [
+                (&name_b, Type::BYTEA),
+                (&owner, Type::TEXT),
+                (&all, Type::BOOL),
+                (&keep, Type::INT8),
+            ];
+            let light = fifo && me.is_none() && !self.uses_server_functions();
+            let (sql, params): (&str, Vec<(&(dyn ToSql + Sync), Type)>) = if !fifo {
+                (self.sql_for(|s| &s.release, |f| &f.release), base.to_vec())
+            } else if light {
+                (&self.inner.sql.fifo.release_light, base.to_vec())
+            } else {
+                let mut p = base.to_vec();
+                p.extend([
+                    (&ch as &(dyn ToSql + Sync), Type::TEXT),
+                    (&pid, Type::INT4),
+                    (&started, Type::INT8),
+                ]);
+                (self.sql_for(|s| &s.fifo.release, |f| &f.fifo.release), p)
+            };
+            let rows = loop {
+                let r = match &conn {
+                    // On the abandoned try's own connection: after it, whatever it did.
+                    Some(c) => {
+                        bounded(
+                            name,
+                            "the release statement",
+                            self.inner.op_timeout,
+                            run_on(c, self.inner.prepared, sql, &params),
+                        )
+                        .await
+                    }
+                    None => {
+                        self.query(name, "the release statement", sql, &params)
+                            .await
+                    }
+                };
+                let rows = match r {
+                    Ok(rows) => rows,
+                    Err(e) => {
+                        // Unanswered: a retry goes on the same connection, while it lives.
+                        if let (Some(s), Some(c)) = (&slot, conn.take())
+                            && !c.is_closed()
+                        {
+                            let mut st = locked(&s.state);
+                            if let TryState::Abandoned {
+                                conn: slot_conn, ..
+                            } = &mut *st
+                            {
+                                *slot_conn = Some(Box::new(c));
+                            }
+                        }
+                        return Err(e);
+                    }
+                };
+                // The try's connection broke: its grant may still be committing in a session
+                // this release cannot be ordered behind. Until the server has surely ended that
+                // statement, nothing found is not proof of nothing granted.
+                if rows.is_empty()
+                    && let Some(until) = unsure
+                    && std::time::Instant::now() < until
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+                break rows;
+            };
+            drop(conn);
+            if let Some(s) = &slot {
+                self.try_settled(name, owner, s);
+            }
+            if light
+                && rows
+                    .first()
+                    .is_some_and(|r| r.try_get::<_, Option<bool>>(2).ok().flatten() == Some(true))
+            {
+                self.spawn_cleanup(name);
+            }
+            let Some(row) = rows.first() else {
+                return self.nothing_released(name, owner).await;
+            };
+            let left: i32 = row.try_get(0).map_err(|e| LockError::backend(name, e))?;
+            if left == 0 {
+                self.maybe_sweep();
+            }
+            Ok(if left > 0 {
+                Released::Decremented(left as u32)
+            } else {
+                Released::Freed
+            })
+        })
     }
 }
 
