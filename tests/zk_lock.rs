@@ -715,3 +715,47 @@ async fn a_thousand_busy_tries_leave_no_predecessor_watch_behind() {
         "predecessor watches of busy tries fired after they had left"
     );
 }
+
+/// `zk://host:port/chroot`, the README's own URL form, on a fresh ensemble where the chroot does
+/// not exist yet (issue 20: every acquire failed with `NoNode`): the backend creates it, as
+/// Curator creates its namespace, and its locks live under it and exclude each other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_chroot_is_created_and_locks_live_under_it() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let url = format!("{}/apps/dlock-chroot", server.url());
+    let a = Arc::new(
+        dlock::ZookeeperBackend::connect(&url)
+            .await
+            .expect("connect with a chroot that does not exist yet"),
+    );
+    let b = Arc::new(
+        dlock::ZookeeperBackend::connect(&url)
+            .await
+            .expect("connect with the chroot now there"),
+    );
+    let g = Lock::new("chrooted")
+        .with_backend(a)
+        .acquire()
+        .await
+        .expect("an acquire under the new chroot");
+    let busy = Lock::new("chrooted")
+        .with_backend(b.clone())
+        .acquire()
+        .await;
+    assert!(
+        matches!(busy, Err(dlock::LockError::Busy { .. })),
+        "{busy:?}"
+    );
+    let c = admin(&server).await;
+    let under = c.list_children("/apps/dlock-chroot").await.unwrap();
+    assert!(!under.is_empty(), "the lock tree lives under the chroot");
+    g.release().await.unwrap();
+    Lock::new("chrooted")
+        .with_backend(b)
+        .acquire()
+        .await
+        .expect("free after the release")
+        .release()
+        .await
+        .unwrap();
+}

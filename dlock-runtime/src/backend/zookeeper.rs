@@ -289,6 +289,7 @@ impl ZookeeperBackendBuilder {
         prepare(&mut zk::Client::connector(), self.tls.as_ref())?;
         // The client's session task and every task of this backend run on its own driver
         // thread, so it survives the shutdown of any caller's runtime (see `Driver`).
+        ensure_chroot(&self).await?;
         let driver = Driver::start("dlock-zk")?;
         let session = Session::open(&self, &driver.handle).await?;
         Ok(ZookeeperBackend {
@@ -305,7 +306,50 @@ impl ZookeeperBackendBuilder {
 }
 
 async fn connect(cfg: &ZookeeperBackendBuilder) -> Result<zk::Client, LockError> {
-    let (hosts, bound) = (&cfg.hosts, cfg.request_timeout);
+    connect_to(cfg, &cfg.hosts).await
+}
+
+/// A chroot (`host:port/chroot`) that does not exist yet is created, as Curator creates its
+/// namespace: on a fresh ensemble every acquire would otherwise fail with `NoNode`. Persistent
+/// nodes with the backend's node ACL, made through a short session without the chroot, and only
+/// when a chroot is configured and missing.
+async fn ensure_chroot(cfg: &ZookeeperBackendBuilder) -> Result<(), LockError> {
+    let Some((hosts, chroot)) = cfg.hosts.split_once('/') else {
+        return Ok(());
+    };
+    let chroot = format!("/{}", chroot.trim_end_matches('/'));
+    if chroot == "/" {
+        return Ok(());
+    }
+    let client = connect_to(cfg, hosts).await?;
+    let bound = cfg.request_timeout;
+    let exists = tokio::time::timeout(bound, client.check_stat(&chroot)).await;
+    let made = match exists {
+        Ok(Ok(Some(_))) => return Ok(()),
+        Ok(Ok(None)) => {
+            let opts = zk::CreateMode::Persistent.with_acls(cfg.node_acls());
+            tokio::time::timeout(bound, client.mkdir(&chroot, &opts)).await
+        }
+        Ok(Err(e)) => Ok(Err(e)),
+        Err(e) => Err(e),
+    };
+    match made {
+        Ok(Ok(())) => {
+            tracing::info!(chroot = %chroot, "dlock: created the ZooKeeper chroot");
+            Ok(())
+        }
+        Ok(Err(e)) => Err(LockError::Config(format!(
+            "the ZooKeeper chroot {chroot} does not exist and could not be created: {e}"
+        ))),
+        Err(_) => Err(be(
+            "",
+            format!("creating the ZooKeeper chroot {chroot} timed out"),
+        )),
+    }
+}
+
+async fn connect_to(cfg: &ZookeeperBackendBuilder, hosts: &str) -> Result<zk::Client, LockError> {
+    let bound = cfg.request_timeout;
     let mut connector = zk::Client::connector();
     connector
         .session_timeout(cfg.session_timeout)
