@@ -457,7 +457,16 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
             .await
             .unwrap(),
     );
-    let g = Lock::new(name).with_backend(b.clone()).acquire().await;
+    // A replica of a cluster just created may still be in its first sync: give it a few
+    // seconds to confirm a grant at all.
+    let mut g = Lock::new(name).with_backend(b.clone()).acquire().await;
+    for _ in 0..25 {
+        if g.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        g = Lock::new(name).with_backend(b.clone()).acquire().await;
+    }
     let g = g.expect("confirmed by the replica");
     g.release().await.unwrap();
     signal(&set, replica, libc::SIGSTOP);

@@ -16,7 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
-use super::redis::redact_url;
+use super::redis::{Reaper, redact_url};
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::key::redis_keys;
@@ -225,7 +225,7 @@ impl ClusterBackendBuilder {
                 response_timeout: self.response_timeout,
                 op_timeout: self.op_timeout,
                 retries: self.retries,
-                reaping: Mutex::new(HashSet::new()),
+                reaper: Arc::default(),
             }),
         })
     }
@@ -265,8 +265,8 @@ struct Inner {
     response_timeout: Duration,
     op_timeout: Duration,
     retries: u32,
-    /// (name, owner) whose release is being retried in the background (see `reap`).
-    reaping: Mutex<HashSet<(String, String)>>,
+    /// Releases being retried in the background (see [`Reaper`]).
+    reaper: Arc<Reaper>,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -727,47 +727,6 @@ impl ClusterBackend {
         Ok(crate::scripts::release_reply(r))
     }
 
-    /// A release of every hold that failed for want of an answer is retried in the background
-    /// with back-off (50 ms doubling to 1 s) until the cluster answers, for up to 30 s
-    /// (protocol rule 3; owner-checked and idempotent). One retrying task per (name, owner).
-    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let key = (name.to_string(), owner.to_string());
-        if !self
-            .inner
-            .reaping
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone())
-        {
-            return;
-        }
-        let me = self.clone();
-        rt.spawn(async move {
-            let end = tokio::time::Instant::now() + Duration::from_secs(30);
-            let mut backoff = Duration::from_millis(50);
-            let mut done = false;
-            while tokio::time::Instant::now() + backoff < end {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
-                    done = true;
-                    break;
-                }
-            }
-            if !done {
-                tracing::debug!(key = %key.0, seeds = %me.inner.label, "dlock: a release was not confirmed; the lease runs out by itself");
-            }
-            me.inner
-                .reaping
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&key);
-        });
-    }
-
     /// Number of callers of the current runtime waiting on this backend.
     pub fn waiter_count(&self) -> usize {
         self.conn("")
@@ -840,7 +799,14 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let r = self.release_once(name, owner, keep_for, all).await;
             if all && matches!(r, Err(LockError::Backend { .. })) {
-                self.reap(name, owner, keep_for);
+                let me = self.clone();
+                let (n, o) = (name.to_string(), owner.to_string());
+                self.inner
+                    .reaper
+                    .retry(name, owner, self.inner.label.clone(), move || {
+                        let (me, n, o) = (me.clone(), n.clone(), o.clone());
+                        async move { me.release_once(&n, &o, keep_for, true).await }
+                    });
             }
             r
         })

@@ -155,7 +155,7 @@ impl RedisBackendBuilder {
                 refusing: AtomicBool::new(false),
                 refusal: Mutex::new(Refusal::default()),
                 pins: Mutex::new(HashMap::new()),
-                reaping: Mutex::new(HashSet::new()),
+                reaper: Arc::default(),
             }),
         })
     }
@@ -205,13 +205,73 @@ struct Inner {
     refusal: Mutex<Refusal>,
     /// Acquire calls whose reply was not read (see [`Pin`]), by (lock name, owner).
     pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
-    /// (name, owner) whose release is being retried in the background (see `reap`).
+    /// Releases being retried in the background (see [`Reaper`]).
+    reaper: Arc<Reaper>,
+}
+
+/// How long a release that failed is retried in the background (see [`Reaper`]): as long as
+/// the core's give-back of a lease (its ttl, at most 30 s).
+const REAP_FOR: Duration = Duration::from_secs(30);
+
+/// Retries releases of every hold that failed for want of an answer (a timeout, a lost
+/// connection) in the background, with back-off (50 ms doubling to 1 s), until the server
+/// answers, for up to [`REAP_FOR`]: the hold is not left to its ttl because one call failed
+/// (protocol rule 3; owner-checked and idempotent, so a retry after a release that did run finds
+/// nothing). One retrying task per (name, owner). Shared by the Redis and Redis Cluster
+/// backends; a Redlock node is a Redis backend, so a node that missed a release retries it too.
+#[derive(Debug, Default)]
+pub(crate) struct Reaper {
     reaping: Mutex<HashSet<(String, String)>>,
 }
 
-/// How long a release that failed is retried in the background (see `RedisBackend::reap`):
-/// as long as the core's give-back of a lease (its ttl, at most 30 s).
-const REAP_FOR: Duration = Duration::from_secs(30);
+impl Reaper {
+    /// Retries `release` for `(name, owner)` unless it is already being retried; `target` names
+    /// the server(s) in the log line of a release never confirmed.
+    pub(crate) fn retry<F, Fut>(
+        self: &Arc<Self>,
+        name: &str,
+        owner: &str,
+        target: String,
+        release: F,
+    ) where
+        F: Fn() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Released, LockError>> + Send,
+    {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let key = (name.to_string(), owner.to_string());
+        let fresh = self
+            .reaping
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key.clone());
+        if !fresh {
+            return;
+        }
+        let me = self.clone();
+        rt.spawn(async move {
+            let end = Instant::now() + REAP_FOR;
+            let mut backoff = Duration::from_millis(50);
+            let mut done = false;
+            while Instant::now() + backoff < end {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(1));
+                if release().await.is_ok() {
+                    done = true;
+                    break;
+                }
+            }
+            if !done {
+                tracing::debug!(key = %key.0, target = %target, "dlock: a release was not confirmed; the lease runs out by itself");
+            }
+            me.reaping
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .remove(&key);
+        });
+    }
+}
 
 /// The connection an acquire call went on when its reply was not read (a response timeout, a
 /// dropped connection, a dropped future): the call may still run on the server, late (a
@@ -846,49 +906,6 @@ impl RedisBackend {
         Ok(out.unwrap_or(Released::NotOwner))
     }
 
-    /// A release of every hold that failed for want of an answer (a timeout, a lost
-    /// connection) is retried in the background with back-off (50 ms doubling to 1 s) until the
-    /// server answers, for up to [`REAP_FOR`]: the hold is not left to its ttl because one
-    /// call failed (protocol rule 3; owner-checked and idempotent, so a retry after a release
-    /// that did run finds nothing). One retrying task per (name, owner).
-    fn reap(&self, name: &str, owner: &str, keep_for: Option<Duration>) {
-        let Ok(rt) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let key = (name.to_string(), owner.to_string());
-        if !self
-            .inner
-            .reaping
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key.clone())
-        {
-            return;
-        }
-        let me = self.clone();
-        rt.spawn(async move {
-            let end = Instant::now() + REAP_FOR;
-            let mut backoff = Duration::from_millis(50);
-            let mut done = false;
-            while Instant::now() + backoff < end {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
-                if me.release_once(&key.0, &key.1, keep_for, true).await.is_ok() {
-                    done = true;
-                    break;
-                }
-            }
-            if !done {
-                tracing::debug!(key = %key.0, url = %me.inner.url, "dlock: a release was not confirmed; the lease runs out by itself");
-            }
-            me.inner
-                .reaping
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .remove(&key);
-        });
-    }
-
     /// The connections of `owner`'s unanswered acquire calls on `name`, oldest first (see [`Pin`]).
     fn pinned(&self, name: &str, owner: &str) -> Vec<(tokio::runtime::Id, u64, ConnectionManager)> {
         let pins = self.inner.pins.lock().unwrap_or_else(|e| e.into_inner());
@@ -1094,7 +1111,14 @@ impl Backend for RedisBackend {
         Box::pin(async move {
             let r = self.release_once(name, owner, keep_for, all).await;
             if all && matches!(r, Err(LockError::Backend { .. })) {
-                self.reap(name, owner, keep_for);
+                let me = self.clone();
+                let (n, o) = (name.to_string(), owner.to_string());
+                self.inner
+                    .reaper
+                    .retry(name, owner, self.inner.url.clone(), move || {
+                        let (me, n, o) = (me.clone(), n.clone(), o.clone());
+                        async move { me.release_once(&n, &o, keep_for, true).await }
+                    });
             }
             r
         })

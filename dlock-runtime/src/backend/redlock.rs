@@ -735,7 +735,7 @@ impl Inner {
                 // granted before this node answered): bounded by the node's own call bounds.
                 me.after_inflight(i, &name, &owner, INFLIGHT_BOUND).await;
                 // A release of every hold that this node did not confirm is retried by the
-                // node's RedisBackend in the background (see `RedisBackend::reap`).
+                // node's RedisBackend in the background (see `redis::Reaper`).
                 let _ = tx.send(backend.release(&name, &owner, keep_for, all).await);
             });
         }
