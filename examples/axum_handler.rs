@@ -6,11 +6,11 @@
 //! ```text
 //! cargo run --features axum --example axum_handler            # self-demo: 200, 409, then exits
 //! cargo run --features axum --example axum_handler -- serve   # serve on 127.0.0.1:3000
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_handler
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_handler
 //! ```
 //!
 //! With nothing configured the locks live in this process (the in-memory backend); with
-//! `DLOCK_REDIS_URL` set they are shared by every instance of the app through Redis.
+//! `DLOCK_URL` set they are shared by every instance of the app through Redis.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -100,11 +100,12 @@ pub async fn post_request(addr: SocketAddr, path: &str) -> std::io::Result<Reply
 #[allow(dead_code)] // the test includes this file and has its own entry point
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if let Ok(url) = std::env::var("DLOCK_REDIS_URL") {
-        dlock::init(&url).await?;
-        println!("backend: Redis");
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+        println!("backend: the store DLOCK_URL names");
     } else {
-        println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)");
+        dlock::init("memory://").await?;
+        println!("backend: in-memory (set DLOCK_URL, e.g. redis://127.0.0.1:6379, to share locks)");
     }
     if std::env::args().nth(1).as_deref() == Some("serve") {
         let listener = TcpListener::bind("127.0.0.1:3000").await?;

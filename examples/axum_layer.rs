@@ -6,7 +6,7 @@
 //! ```text
 //! cargo run --features axum --example axum_layer            # self-demo, then exits
 //! cargo run --features axum --example axum_layer -- serve   # serve on 127.0.0.1:3000
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_layer
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_layer
 //! ```
 
 use std::time::Duration;
@@ -61,11 +61,12 @@ async fn post_status(addr: std::net::SocketAddr, path: &str) -> std::io::Result<
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if let Ok(url) = std::env::var("DLOCK_REDIS_URL") {
-        dlock::init(&url).await?;
-        println!("backend: Redis");
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+        println!("backend: the store DLOCK_URL names");
     } else {
-        println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)");
+        dlock::init("memory://").await?;
+        println!("backend: in-memory (set DLOCK_URL, e.g. redis://127.0.0.1:6379, to share locks)");
     }
     if std::env::args().nth(1).as_deref() == Some("serve") {
         let listener = TcpListener::bind("127.0.0.1:3000").await?;

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! cargo run --example fenced_store                                          # in-memory backend
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --example fenced_store   # Redis
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example fenced_store   # Redis
 //! ```
 //!
 //! Holder A takes the lock with a 300 ms lease and then stalls for 600 ms (standing in for a GC
@@ -17,7 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use dlock::{Backend, Lock, LockError, MemoryBackend, RedisBackend};
+use dlock::{Backend, Lock, LockError};
 
 /// A value guarded by fencing tokens: writes with a token lower than the highest seen are
 /// refused. (On Redis the same check is a short Lua script; see `examples/torture/harness.rs`.)
@@ -69,17 +69,14 @@ impl FencedStore {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> Result<(), LockError> {
-    let backend: Arc<dyn Backend> = match std::env::var("DLOCK_REDIS_URL") {
-        Ok(url) => {
-            let b = RedisBackend::connect(&url).await?;
-            println!("backend: Redis at {}", b.url());
-            Arc::new(b)
-        }
-        Err(_) => {
-            println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)");
-            Arc::new(MemoryBackend::new())
-        }
-    };
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+        println!("backend: the store DLOCK_URL names");
+    } else {
+        dlock::init("memory://").await?;
+        println!("backend: in-memory (set DLOCK_URL, e.g. redis://127.0.0.1:6379, to share locks)");
+    }
+    let backend: Arc<dyn Backend> = dlock::backend(dlock::DEFAULT_BACKEND)?;
     let name = format!("fenced-store-demo:{}", std::process::id());
     let store = Arc::new(FencedStore::default());
     let ttl = Duration::from_millis(300);

@@ -20,8 +20,10 @@ async fn build_report(day: u32) -> Result<u32, dlock::LockError> {
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Install the recorder before the first lock is taken.
     let handle = PrometheusBuilder::new().install_recorder()?;
-    if let Ok(url) = std::env::var("DLOCK_REDIS_URL") {
-        dlock::init(&url).await?;
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+    } else {
+        dlock::init("memory://").await?;
     }
 
     for day in 1..=3 {

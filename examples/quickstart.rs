@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! cargo run --example quickstart                                    # in-memory backend
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart   # Redis
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example quickstart   # Redis
 //! ```
 //!
 //! Each worker increments a shared counter with a non-atomic read-modify-write under the lock;
@@ -38,15 +38,12 @@ async fn deposit(
 
 #[tokio::main]
 async fn main() -> Result<(), dlock::LockError> {
-    match std::env::var("DLOCK_REDIS_URL") {
-        Ok(url) => {
-            dlock::init(&url).await?;
-            println!(
-                "backend: Redis at {}",
-                url.split('@').next_back().unwrap_or("")
-            );
-        }
-        Err(_) => println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)"),
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+        println!("backend: the store DLOCK_URL names");
+    } else {
+        dlock::init("memory://").await?;
+        println!("backend: in-memory (set DLOCK_URL, e.g. redis://127.0.0.1:6379, to share locks)");
     }
     let ledger = Arc::new(Ledger::default());
     let workers = 8;

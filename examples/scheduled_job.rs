@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --example scheduled_job
-//! DLOCK_REDIS_URL=redis://127.0.0.1:6379 cargo run --example scheduled_job
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example scheduled_job
 //! ```
 //!
 //! Runs 6 ticks of 300 ms, prints which replica ran each tick, and exits.
@@ -41,11 +41,12 @@ async fn nightly_report(tick: u32, replica: usize) {
 
 #[tokio::main]
 async fn main() -> Result<(), dlock::LockError> {
-    if let Ok(url) = std::env::var("DLOCK_REDIS_URL") {
-        dlock::init(&url).await?;
-        println!("backend: Redis");
+    if std::env::var_os(dlock::URL_ENV).is_some() {
+        dlock::init_from_env().await?;
+        println!("backend: the store DLOCK_URL names");
     } else {
-        println!("backend: in-memory (set DLOCK_REDIS_URL to use Redis)");
+        dlock::init("memory://").await?;
+        println!("backend: in-memory (set DLOCK_URL, e.g. redis://127.0.0.1:6379, to share locks)");
     }
     let start = tokio::time::Instant::now() + Duration::from_millis(50);
     let replicas: Vec<_> = (0..REPLICAS)

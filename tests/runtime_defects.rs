@@ -30,6 +30,8 @@ struct Hooked {
     inner: MemoryBackend,
     on_try: Option<Box<dyn Fn() + Send + Sync>>,
     extend: Option<ExtendHook>,
+    /// How many releases still fail with a backend error (the server not answering), unapplied.
+    failing_releases: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Hooked {
@@ -76,6 +78,19 @@ impl Backend for Hooked {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
+        use std::sync::atomic::Ordering;
+        if self
+            .failing_releases
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Box::pin(async move {
+                Err(LockError::Backend {
+                    key: name.to_string(),
+                    source: "connection reset (test)".into(),
+                })
+            });
+        }
         self.inner.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -561,4 +576,130 @@ async fn a_renewal_discarded_for_a_failed_extend_keeps_the_hold_renewed() {
     );
     assert!(g.is_valid() && !g.lost_token().is_cancelled());
     g.release().await.unwrap();
+}
+
+/// Polls `fut` to completion on this thread, with no tokio runtime (as `futures`' `block_on`).
+fn block_on_without_runtime<F: std::future::Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park_timeout(Duration::from_millis(10));
+    }
+}
+
+/// `acquire` polled outside a tokio runtime (review #12: Redlock's spawns and every backend's
+/// bounded calls panicked there) is a `Config` error that says why, not a panic.
+#[test]
+fn acquire_outside_a_runtime_is_a_config_error_not_a_panic() {
+    let mem = Arc::new(MemoryBackend::new());
+    let b: Arc<dyn Backend> = mem.clone();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        block_on_without_runtime(
+            Lock::new("no-runtime")
+                .ttl(Duration::from_secs(30))
+                .wait(Duration::from_secs(1))
+                .with_backend(b)
+                .acquire(),
+        )
+    }));
+    let r = r.expect("acquire outside a runtime panicked");
+    match r {
+        Err(LockError::Config(m)) => assert!(m.contains("tokio runtime"), "{m}"),
+        other => panic!("expected a Config error, got {other:?}"),
+    }
+    assert_eq!(mem.locked_count(), 0, "a refused acquire took the lock");
+}
+
+/// `extend` and `release` polled outside a runtime are `Config` errors too, and the released
+/// lock is still given back (by the give-back's helper thread), never left for its ttl.
+#[test]
+fn extend_and_release_outside_a_runtime_are_config_errors_and_still_give_back() {
+    let mem = Arc::new(MemoryBackend::new());
+    let b: Arc<dyn Backend> = mem.clone();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let g = rt
+        .block_on(
+            Lock::new("no-runtime-release")
+                .ttl(Duration::from_secs(30))
+                .with_backend(b)
+                .acquire(),
+        )
+        .unwrap();
+    let (ext, rel) = std::thread::spawn(move || {
+        let ext = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            block_on_without_runtime(g.extend(Duration::from_secs(10)))
+        }));
+        let rel = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            block_on_without_runtime(g.release())
+        }));
+        (ext, rel)
+    })
+    .join()
+    .unwrap();
+    assert!(
+        matches!(ext, Ok(Err(LockError::Config(_)))),
+        "extend outside a runtime: {ext:?}"
+    );
+    assert!(
+        matches!(rel, Ok(Err(LockError::Config(_)))),
+        "release outside a runtime: {rel:?}"
+    );
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while mem.locked_count() != 0 && std::time::Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(mem.locked_count(), 0, "the release left the lock held");
+    drop(rt);
+}
+
+/// A release the backend failed to answer (a transport error: its outcome is unknown) returns
+/// the error to the caller, and the runtime goes on giving the lock back in the background until
+/// the server confirms, instead of leaving it held for its whole ttl (the one retry lives in the
+/// core, for every backend).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_is_retried_in_the_background_until_confirmed() {
+    let hooked = Arc::new(Hooked::default());
+    hooked
+        .failing_releases
+        .store(3, std::sync::atomic::Ordering::SeqCst);
+    let b: Arc<dyn Backend> = hooked.clone();
+    let g = Lock::new("failed-release")
+        .ttl(Duration::from_secs(60))
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    match g.release().await {
+        Err(LockError::Backend { .. }) => {}
+        other => panic!("a failed release must report the backend error, got {other:?}"),
+    }
+    let until = std::time::Instant::now() + Duration::from_secs(10);
+    while hooked.inner.locked_count() != 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        hooked.inner.locked_count(),
+        0,
+        "the lock stays held for its 60 s ttl after a failed release"
+    );
+    assert_eq!(
+        hooked
+            .failing_releases
+            .load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "the background give-back did not retry through the failures"
+    );
 }

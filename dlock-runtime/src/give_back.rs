@@ -85,6 +85,12 @@ impl GiveBack {
         }
     }
 
+    /// Keeps the lock taken for `keep` more (`hold_at_least`) instead of deleting it.
+    pub(crate) fn keep(mut self, keep: Option<Duration>) -> Self {
+        self.keep = keep;
+        self
+    }
+
     /// Finishes `call`, a release with these `keep` and `all` settings whose caller stopped
     /// waiting; sent again (with `all` only) when it fails.
     pub(crate) fn finish(

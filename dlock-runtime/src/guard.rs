@@ -441,6 +441,7 @@ impl LockGuard {
                 crate::Lock::MAX_DURATION
             )));
         }
+        crate::lock::require_runtime("extend", &self.hold.name)?;
         if !self.hold.is_valid() {
             return Err(self.lost_error());
         }
@@ -508,12 +509,26 @@ impl LockGuard {
             // `call` goes to the background when dropped here.
             return Err(self.lost_error());
         }
+        // Outside a runtime `call` is given back by the give-back's helper thread when dropped.
+        crate::lock::require_runtime("release", &self.hold.name)?;
         // Timings only when someone listens: a clock read is a measurable part of a pair.
         let started = tracing::enabled!(tracing::Level::DEBUG).then(Instant::now);
         let Some(r) = until_lost(&self.hold, call.future()).await else {
             return Err(self.lost_error());
         };
         call.done();
+        if let Err(e) = &r
+            && self.outer
+        {
+            // No answer from the server (a transport error, a timeout): the release may or may
+            // not have run. Releasing every hold is owner-checked and idempotent, so it is sent
+            // again in the background until the server confirms, as a dropped guard's is.
+            tracing::debug!(key = %self.hold.name, error = %e, "dlock: release failed; giving the lock back in the background");
+            let h = &self.hold;
+            GiveBack::all(h.backend.clone(), &h.name, h.owner.clone(), h.ttl())
+                .keep(keep)
+                .spawn();
+        }
         if let Some(started) = started {
             tracing::debug!(
                 key = %self.hold.name,

@@ -77,7 +77,9 @@ pub use policy::{
 };
 #[cfg(feature = "cluster")]
 pub use registry::init_cluster;
-pub use registry::{DEFAULT_BACKEND, backend, init, init_named, register, register_arc};
+pub use registry::{
+    DEFAULT_BACKEND, URL_ENV, backend, init, init_from_env, init_named, register, register_arc,
+};
 #[cfg(feature = "postgres")]
 pub use tokio_postgres;
 pub use tokio_util::sync::CancellationToken;

@@ -172,6 +172,7 @@ impl Lock {
     pub async fn acquire(&self) -> Result<LockGuard, LockError> {
         let counted = |e| crate::metrics::setup_error(&self.metric_labels(), e);
         key::validate(&self.name).map_err(counted)?;
+        require_runtime("acquire", &self.name).map_err(counted)?;
         if self.ttl.is_zero() {
             return Err(counted(LockError::Config(format!(
                 "lock `{}`: the ttl must be positive",
@@ -510,7 +511,9 @@ impl Acquisition<'_> {
         }
         self.heard_busy = true;
         self.remaining = r;
-        self.reported_end = r.map(|r| Instant::now() + r);
+        // A remaining time the server reported is not trusted to be small: too far to represent
+        // is no reported end.
+        self.reported_end = r.and_then(|r| Instant::now().checked_add(r));
         self.last_err = None;
         if let Some(w) = &self.watch {
             if let Some(end) = self.reported_end {
@@ -698,4 +701,17 @@ impl Drop for GiveUp<'_> {
 /// is shutting down, or outside any runtime, it runs on a helper thread.
 fn spawn_release(backend: &Arc<dyn Backend>, name: &str, owner: &Arc<str>, ttl: Duration) {
     GiveBack::all(backend.clone(), name, owner.clone(), ttl).spawn();
+}
+
+/// A `Config` error when `what` (acquire, extend, release) is polled outside a tokio runtime, as
+/// under `futures::executor::block_on`: every call to a server is bounded by tokio's timers and
+/// backends run background tasks, so without a runtime they would panic instead.
+pub(crate) fn require_runtime(what: &str, name: &str) -> Result<(), LockError> {
+    match tokio::runtime::Handle::try_current() {
+        Ok(_) => Ok(()),
+        Err(_) => Err(LockError::Config(format!(
+            "lock `{name}`: {what} was polled outside a tokio runtime; dlock's calls need one \
+             (run them on a tokio runtime, e.g. under #[tokio::main], not futures' block_on)"
+        ))),
+    }
 }

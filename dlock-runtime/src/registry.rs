@@ -21,6 +21,26 @@ pub async fn init(url: &str) -> Result<(), LockError> {
     init_named(DEFAULT_BACKEND, url).await
 }
 
+/// The environment variable that names the store for the library, the examples and the CLI.
+pub const URL_ENV: &str = "DLOCK_URL";
+
+/// Connects to the store that `DLOCK_URL` names (any URL [`init_named`] accepts, or
+/// `memory://` for the in-process backend) and registers it as `"default"`. A `Config` error when
+/// the variable is unset or empty, so a service that must share its locks never runs on
+/// process-local ones by mistake.
+///
+/// While `DLOCK_URL` is set, the in-process fallback is off: a lock taken on `"default"` before
+/// this (or [`init`]) ran is a `Config` error, not a lock local to this process.
+pub async fn init_from_env() -> Result<(), LockError> {
+    match std::env::var(URL_ENV) {
+        Ok(url) if !url.trim().is_empty() => init(url.trim()).await,
+        _ => Err(LockError::Config(format!(
+            "{URL_ENV} is not set: set it to the lock store's URL (redis://, postgres://, zk://, \
+             etcd://, ... or memory:// for locks local to this process)"
+        ))),
+    }
+}
+
 /// Connects to Redis and registers it under `name` (replacing what was there); with the
 /// `zookeeper` feature, a `zk://host:port[,host:port...][/chroot]` URL connects to ZooKeeper
 /// (`zks://` over TLS, with the `tls` feature too: see `ZookeeperBackend::connect`);
@@ -49,6 +69,14 @@ pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
                 "`{s}://` URLs need dlock's `{}` feature",
                 if s == "mysql" { "mysql" } else { "postgres" }
             )));
+        }
+        Some("memory") => {
+            tracing::info!(
+                backend = name,
+                "dlock: in-memory backend registered (locks are local to this process)"
+            );
+            register(name, MemoryBackend::new());
+            return Ok(());
         }
         _ => {}
     }
@@ -88,7 +116,8 @@ pub fn register_arc(name: &str, backend: Arc<dyn Backend>) {
 }
 
 /// The backend registered under `name`. With nothing registered as `"default"`, the in-memory
-/// backend is installed there on first use (one `info` event says so).
+/// backend is installed there on first use (one `warn` event says so), unless `DLOCK_URL` is
+/// set: then the first use is a `Config` error that says to call [`init_from_env`].
 pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
     if let Some(b) = REGISTRY.read().unwrap_or_else(|e| e.into_inner()).get(name) {
         return Ok(b.clone());
@@ -98,8 +127,20 @@ pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
         return Ok(b.clone());
     }
     if name == DEFAULT_BACKEND {
-        tracing::info!(
-            "dlock: no backend configured; using the in-memory backend as \"default\" (locks are local to this process)"
+        if let Ok(url) = std::env::var(URL_ENV)
+            && !url.trim().is_empty()
+        {
+            // The deployment names a shared store: locks local to this process would exclude
+            // nothing across replicas. Refuse instead of falling back.
+            return Err(LockError::Config(format!(
+                "{URL_ENV} is set but no backend was initialised before this lock: call \
+                 `dlock::init_from_env().await` (or `dlock::init`) at start-up, before the first lock"
+            )));
+        }
+        tracing::warn!(
+            "dlock: no backend configured; using the in-memory backend as \"default\": locks are \
+             local to this process and exclude nothing across replicas (call dlock::init or \
+             dlock::init_from_env with {URL_ENV} set at start-up)"
         );
         let b: Arc<dyn Backend> = Arc::new(MemoryBackend::new());
         map.insert(name.to_string(), b.clone());

@@ -284,8 +284,10 @@ impl Watch {
     /// Records when the holder's lease ends, as a failed try reported it, for waiters that
     /// queue later without trying.
     pub fn note_remaining(&self, remaining: Duration) {
-        if let Some(q) = self.queues.upgrade() {
-            q.set_lease_end(&self.key, Instant::now() + remaining);
+        if let Some(q) = self.queues.upgrade()
+            && let Some(end) = Instant::now().checked_add(remaining)
+        {
+            q.set_lease_end(&self.key, end);
         }
     }
 
