@@ -80,6 +80,9 @@ pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
         }
         _ => {}
     }
+    if let Some(e) = missing_feature(scheme.as_deref()) {
+        return Err(LockError::Config(e));
+    }
     #[cfg(feature = "zookeeper")]
     if url.starts_with("zk://") || url.starts_with("zks://") {
         register(name, crate::ZookeeperBackend::connect(url).await?);
@@ -90,16 +93,27 @@ pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
         register(name, crate::EtcdBackend::connect(url).await?);
         return Ok(());
     }
-    #[cfg(not(feature = "etcd"))]
-    if url.starts_with("etcd://") {
-        return Err(LockError::Config(
-            "`etcd://` URLs need dlock's `etcd` feature".into(),
-        ));
-    }
     let backend = RedisBackend::connect(url).await?;
     tracing::info!(backend = name, url = %backend.url(), "dlock: Redis backend registered");
     register(name, backend);
     Ok(())
+}
+
+/// The error for a URL scheme whose engine (or TLS) this build left out, naming the cargo
+/// feature that turns it on; `None` when this build serves the scheme.
+fn missing_feature(scheme: Option<&str>) -> Option<String> {
+    let feature = match scheme? {
+        "zk" if !cfg!(feature = "zookeeper") => "zookeeper",
+        "zks" if !cfg!(feature = "zookeeper") => "zookeeper` and `tls",
+        "zks" | "rediss" if !cfg!(feature = "tls") => "tls",
+        "etcd" if !cfg!(feature = "etcd") => "etcd",
+        _ => return None,
+    };
+    let scheme = scheme?;
+    Some(format!(
+        "`{scheme}://` URLs need dlock's `{feature}` feature (this build was made without it): \
+         add it to dlock's features in Cargo.toml"
+    ))
 }
 
 /// Registers a backend built by hand under `name` (replacing what was there).
@@ -169,4 +183,27 @@ where
     tracing::info!(backend = name, seeds = %backend.seeds(), "dlock: Redis Cluster backend registered");
     register(name, backend);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::missing_feature;
+
+    #[test]
+    fn a_url_whose_engine_is_not_built_names_the_feature() {
+        assert_eq!(missing_feature(Some("redis")), None);
+        assert_eq!(missing_feature(None), None);
+        let zk = missing_feature(Some("zk"));
+        assert_eq!(zk.is_some(), !cfg!(feature = "zookeeper"), "{zk:?}");
+        if let Some(m) = zk {
+            assert!(m.contains("`zookeeper` feature"), "{m}");
+        }
+        let tls = missing_feature(Some("rediss"));
+        assert_eq!(tls.is_some(), !cfg!(feature = "tls"), "{tls:?}");
+        if let Some(m) = tls {
+            assert!(m.contains("`tls` feature"), "{m}");
+        }
+        let etcd = missing_feature(Some("etcd"));
+        assert_eq!(etcd.is_some(), !cfg!(feature = "etcd"), "{etcd:?}");
+    }
 }
