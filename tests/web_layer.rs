@@ -13,7 +13,7 @@ use axum::extract::{Extension, Path};
 use axum::http::{Request, Response, StatusCode};
 use axum::routing::{get, post};
 use axum::{Router, ServiceExt};
-use dlock::web::{FencingToken, LockLayer, header_key, path_key};
+use dlock::web::{FencingToken, LockLayer, RetryAfter, header_key, path_key};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::Layer;
@@ -143,7 +143,8 @@ async fn busy_key_answers_409_with_retry_after_and_423_when_configured() {
         .merge(
             Router::new().route("/b/{id}", post(handler)).route_layer(
                 LockLayer::new(path_key("/b/{id}", "web-busy:{id}").unwrap())
-                    .busy_status(StatusCode::LOCKED),
+                    .busy_status(StatusCode::LOCKED)
+                    .retry_after(RetryAfter::Lease),
             ),
         );
     let addr = serve(app).await;
@@ -157,11 +158,12 @@ async fn busy_key_answers_409_with_retry_after_and_423_when_configured() {
         .unwrap();
     let busy = request(addr, "POST", "/a/1", "").await;
     assert_eq!(busy.status, 409, "{busy:?}");
-    // 2.5 s remaining (a little less by now): rounded up to 3 whole seconds.
-    assert_eq!(busy.header("retry-after"), Some("3"), "{busy:?}");
+    // By default the holder's 2.5 s lease is capped at 1 s: a client can act on that.
+    assert_eq!(busy.header("retry-after"), Some("1"), "{busy:?}");
     let locked = request(addr, "POST", "/b/1", "").await;
     assert_eq!(locked.status, 423, "{locked:?}");
-    assert!(locked.header("retry-after").is_some(), "{locked:?}");
+    // `RetryAfter::Lease`: 2.5 s remaining (a little less by now), rounded up to 3 whole seconds.
+    assert_eq!(locked.header("retry-after"), Some("3"), "{locked:?}");
     // Another key is not affected.
     assert_eq!(request(addr, "POST", "/a/2", "").await.status, 200);
     held.release().await.unwrap();
@@ -263,8 +265,14 @@ async fn plain_tower_service_with_header_key_and_closure_key() {
     let ok = request(addr, "GET", "/", "x-tenant: acme\r\n").await;
     assert_eq!(ok.status, 200, "{ok:?}");
     assert!(ok.body.starts_with("Some("), "{ok:?}");
-    // No header, no key: 400, the inner service is not called.
-    assert_eq!(request(addr, "GET", "/", "").await.status, 400);
+    // No header, no key: 400 that says why, the inner service is not called.
+    let no_key = request(addr, "GET", "/", "").await;
+    assert_eq!(no_key.status, 400, "{no_key:?}");
+    assert_eq!(
+        no_key.header("x-dlock-error"),
+        Some("no-lock-key"),
+        "{no_key:?}"
+    );
     let held = dlock::Lock::new("web-tenant:acme").acquire().await.unwrap();
     assert_eq!(
         request(addr, "GET", "/", "x-tenant: acme\r\n").await.status,
@@ -317,7 +325,10 @@ async fn lock_error_is_an_axum_response_without_internals() {
     let busy = request(addr, "POST", "/h/1", "").await;
     assert_eq!(busy.status, 409, "{busy:?}");
     let retry: u64 = busy.header("retry-after").unwrap().parse().unwrap();
-    assert!((19..=20).contains(&retry), "Retry-After {retry}");
+    assert_eq!(
+        retry, 1,
+        "Retry-After {retry}: the 20 s lease capped at 1 s by default"
+    );
     assert!(!busy.body.contains("web-handler"), "key leaked: {busy:?}");
     held.release().await.unwrap();
 

@@ -5,9 +5,10 @@
 //!
 //! | error | status | body / headers |
 //! |---|---|---|
-//! | [`LockError::Busy`], [`LockError::TimedOut`] | `409 Conflict` (or what [`set_busy_status`] / [`LockLayer::busy_status`] chose: `423 Locked`, `503`) | `Retry-After`: the holder's remaining lease in whole seconds, rounded up (omitted when the backend did not report it) |
+//! | [`LockError::Busy`], [`LockError::TimedOut`] | `409 Conflict` (or what [`set_busy_status`] / [`LockLayer::busy_status`] chose: `423 Locked`, `503`) | `Retry-After`: by default the holder's remaining lease capped at 1 s ([`RetryAfter`]; [`set_retry_after`] / [`LockLayer::retry_after`]) |
 //! | [`LockError::Lost`], [`LockError::NotOwner`], [`LockError::Backend`] | `503 Service Unavailable` | no internals; the error is logged as a `warn` event |
 //! | [`LockError::InvalidKey`] | `400 Bad Request` | |
+//! | the layer's extractor found no key | `400 Bad Request` | `x-dlock-error: no-lock-key`; the first one per layer is logged as a `warn` event |
 //! | [`LockError::Config`], [`LockError::UnknownBackend`], [`LockError::UnknownPolicy`] | `500` | logged as an `error` event |
 //!
 //! # The layer
@@ -45,6 +46,59 @@ use crate::{LockError, registry};
 
 static BUSY_STATUS: AtomicU16 = AtomicU16::new(409);
 
+/// What a busy or timed-out answer puts in `Retry-After`.
+///
+/// The holder's remaining lease is when the lock frees at the latest, which for a 30 s lease
+/// around a handler that takes milliseconds tells a client to wait 30 s for nothing; the default
+/// is [`RetryAfter::AtMost`] one second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryAfter {
+    /// The holder's remaining lease, in whole seconds rounded up (omitted when unknown).
+    Lease,
+    /// The holder's remaining lease, but at most this long (whole seconds rounded up, at least
+    /// 1); this long when the backend did not report the lease. The default is one second.
+    AtMost(Duration),
+    /// No `Retry-After` header.
+    Omit,
+}
+
+impl Default for RetryAfter {
+    fn default() -> Self {
+        RetryAfter::AtMost(Duration::from_secs(1))
+    }
+}
+
+impl RetryAfter {
+    /// The header's value for an error whose holder's lease has `remaining` left (if known).
+    pub fn seconds(self, remaining: Option<Duration>) -> Option<u64> {
+        match self {
+            RetryAfter::Lease => remaining.map(retry_after_secs),
+            RetryAfter::AtMost(cap) => {
+                Some(retry_after_secs(remaining.map_or(cap, |r| r.min(cap))))
+            }
+            RetryAfter::Omit => None,
+        }
+    }
+}
+
+static RETRY_AFTER_SETTING: std::sync::RwLock<Option<RetryAfter>> = std::sync::RwLock::new(None);
+
+/// Sets what [`LockError`]'s `IntoResponse` puts in `Retry-After` (default
+/// [`RetryAfter::AtMost`] one second). Process-wide; a [`LockLayer`] has its own setting.
+pub fn set_retry_after(r: RetryAfter) {
+    *RETRY_AFTER_SETTING
+        .write()
+        .unwrap_or_else(|e| e.into_inner()) = Some(r);
+}
+
+/// The setting [`set_retry_after`] chose.
+pub fn retry_after() -> RetryAfter {
+    RETRY_AFTER_SETTING
+        .read()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_default()
+}
+
 /// Sets the status that [`LockError`]'s `IntoResponse` gives busy and timed-out errors
 /// (default `409 Conflict`; `423 Locked` and `503 Service Unavailable` are the usual choices).
 /// Process-wide; a [`LockLayer`] has its own setting.
@@ -75,9 +129,18 @@ pub fn status_for(e: &LockError, busy: StatusCode) -> StatusCode {
 }
 
 /// Builds the response for `e` with an empty body (of any body type with a `Default`): the
-/// status of [`status_for`], and `Retry-After` for a contended lock whose holder's lease is
-/// known. Server-side errors are logged here, never put in the response.
+/// status of [`status_for`], and `Retry-After` for a contended lock as the process-wide
+/// [`retry_after`] setting says. Server-side errors are logged here, never put in the response.
 pub fn error_response<B: Default>(e: &LockError, busy: StatusCode) -> Response<B> {
+    error_response_with(e, busy, retry_after())
+}
+
+/// [`error_response`] with its own `Retry-After` setting.
+pub fn error_response_with<B: Default>(
+    e: &LockError,
+    busy: StatusCode,
+    retry: RetryAfter,
+) -> Response<B> {
     let status = status_for(e, busy);
     if status.is_server_error() && !e.is_contended() {
         if status == StatusCode::INTERNAL_SERVER_ERROR {
@@ -89,10 +152,10 @@ pub fn error_response<B: Default>(e: &LockError, busy: StatusCode) -> Response<B
     let mut res = Response::new(B::default());
     *res.status_mut() = status;
     if e.is_contended()
-        && let Some(d) = e.retry_after()
+        && let Some(secs) = retry.seconds(e.retry_after())
     {
         res.headers_mut()
-            .insert(RETRY_AFTER, HeaderValue::from(retry_after_secs(d)));
+            .insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     res
 }
@@ -368,7 +431,10 @@ struct LayerConfig {
     wait: Duration,
     backend: Cow<'static, str>,
     busy_status: StatusCode,
+    retry_after: RetryAfter,
     metric_name: Cow<'static, str>,
+    /// Set once a request without a key was logged at `warn` (later ones at `debug`).
+    warned_no_key: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A tower layer that runs each request under a distributed lock named by a [`KeyExtractor`].
@@ -393,7 +459,9 @@ impl<K> LockLayer<K> {
                 wait: Duration::ZERO,
                 backend: Cow::Borrowed(registry::DEFAULT_BACKEND),
                 busy_status: StatusCode::CONFLICT,
+                retry_after: RetryAfter::default(),
                 metric_name: Cow::Borrowed("http_layer"),
+                warned_no_key: Arc::default(),
             }),
         }
     }
@@ -422,6 +490,12 @@ impl<K> LockLayer<K> {
     /// The status for a busy or timed-out lock (default `409 Conflict`).
     pub fn busy_status(self, status: StatusCode) -> Self {
         self.with(|c| c.busy_status = status)
+    }
+
+    /// What busy and timed-out answers put in `Retry-After` (default [`RetryAfter::AtMost`] one
+    /// second; [`RetryAfter::Lease`] for the holder's remaining lease).
+    pub fn retry_after(self, r: RetryAfter) -> Self {
+        self.with(|c| c.retry_after = r)
     }
 
     /// The `lock` label of this layer's metrics (feature `metrics`; default `"http_layer"`).
@@ -477,8 +551,21 @@ where
         let cfg = self.cfg.clone();
         Box::pin(async move {
             let Some(key) = key else {
+                // Most often a layer whose pattern does not match the route it wraps (a layer
+                // added with `layer` instead of `route_layer`, or a pattern with a typo): say so
+                // once loudly, then quietly (a client can send such requests at will).
+                let path = req.uri().path();
+                if !cfg.warned_no_key.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(path = ?path, "dlock: LockLayer found no lock key in the request; answering 400 (does the layer's pattern match this route? add it with `route_layer`, not `layer`)");
+                } else {
+                    tracing::debug!(path = ?path, "dlock: LockLayer found no lock key in the request; answering 400");
+                }
                 let mut res = Response::new(RB::default());
                 *res.status_mut() = StatusCode::BAD_REQUEST;
+                res.headers_mut().insert(
+                    HeaderName::from_static("x-dlock-error"),
+                    HeaderValue::from_static("no-lock-key"),
+                );
                 return Ok(res);
             };
             let lock = Lock::new(key)
@@ -488,7 +575,7 @@ where
                 .metric_name(cfg.metric_name.clone());
             let guard = match lock.acquire().await {
                 Ok(g) => g,
-                Err(e) => return Ok(error_response(&e, cfg.busy_status)),
+                Err(e) => return Ok(error_response_with(&e, cfg.busy_status, cfg.retry_after)),
             };
             req.extensions_mut()
                 .insert(FencingToken(guard.fencing_token()));
@@ -509,7 +596,7 @@ where
                         key: guard.key().to_string(),
                         reason: guard.lost_reason().unwrap_or(crate::LostReason::Deadline),
                     };
-                    Ok(error_response(&e, cfg.busy_status))
+                    Ok(error_response_with(&e, cfg.busy_status, cfg.retry_after))
                 }
             };
             if let Err(e) = guard.release().await {
@@ -590,6 +677,24 @@ mod tests {
                 "{v}"
             );
         }
+    }
+
+    #[test]
+    fn retry_after_settings() {
+        let lease = Some(Duration::from_millis(19_500));
+        assert_eq!(RetryAfter::default().seconds(lease), Some(1));
+        assert_eq!(RetryAfter::default().seconds(None), Some(1));
+        assert_eq!(RetryAfter::Lease.seconds(lease), Some(20));
+        assert_eq!(RetryAfter::Lease.seconds(None), None);
+        assert_eq!(
+            RetryAfter::AtMost(Duration::from_secs(5)).seconds(Some(Duration::from_millis(200))),
+            Some(1)
+        );
+        assert_eq!(
+            RetryAfter::AtMost(Duration::from_secs(5)).seconds(lease),
+            Some(5)
+        );
+        assert_eq!(RetryAfter::Omit.seconds(lease), None);
     }
 
     #[test]
