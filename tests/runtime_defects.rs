@@ -703,3 +703,46 @@ async fn a_failed_release_is_retried_in_the_background_until_confirmed() {
         "the background give-back did not retry through the failures"
     );
 }
+
+/// `fencing_token()` is `None` in a spawned task (task-locals are not inherited), and
+/// `in_current_scope` carries the token and re-entry into it; a carried hold that was released
+/// is not re-entered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_current_scope_carries_the_lock_context_into_a_spawned_task() {
+    let b = memory();
+    let g = Lock::new("carried")
+        .ttl(Duration::from_secs(30))
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let token = g.fencing_token();
+    let b2 = b.clone();
+    let (plain, carried, reentered) = g
+        .scope(async move {
+            let plain = tokio::spawn(async { dlock::fencing_token() })
+                .await
+                .unwrap();
+            let carried = tokio::spawn(dlock::in_current_scope(async { dlock::fencing_token() }))
+                .await
+                .unwrap();
+            let reentered = tokio::spawn(dlock::in_current_scope(async move {
+                let inner = Lock::new("carried").with_backend(b2).acquire().await?;
+                let count = inner.hold_count();
+                inner.release().await?;
+                Ok::<_, LockError>(count)
+            }))
+            .await
+            .unwrap();
+            (plain, carried, reentered)
+        })
+        .await;
+    assert_eq!(plain, None, "a spawned task has no lock context of its own");
+    assert_eq!(carried, Some(token));
+    assert_eq!(
+        reentered.unwrap(),
+        2,
+        "the carried context re-enters the hold"
+    );
+    g.release().await.unwrap();
+}

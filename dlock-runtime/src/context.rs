@@ -60,6 +60,23 @@ pub fn fencing_token() -> Option<u64> {
     FRAME.try_with(|f| f.hold.token).ok()
 }
 
+/// Wraps `fut` to run in the current call chain's lock context, for a task it spawns: a
+/// `tokio::spawn`ed task does not inherit task-locals, so inside it [`fencing_token`] is `None`
+/// and a nested acquisition is a new owner. `tokio::spawn(dlock::in_current_scope(async { .. }))`
+/// carries the token and re-entry into the task. A carried hold stays checked: once the outer
+/// guard is released or lost, a nested acquisition there fails instead of re-entering.
+pub fn in_current_scope<F: std::future::Future>(
+    fut: F,
+) -> impl std::future::Future<Output = F::Output> {
+    let frame = current();
+    async move {
+        match frame {
+            Some(f) => FRAME.scope(f, fut).await,
+            None => fut.await,
+        }
+    }
+}
+
 /// 128 random bits for this process (drawn again in a child after `fork()`).
 fn random_process_id() -> u128 {
     let mut buf = [0u8; 16];

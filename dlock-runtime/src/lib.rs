@@ -60,7 +60,7 @@ pub use backend::sql::postgres::{
 #[cfg(feature = "zookeeper")]
 pub use backend::zookeeper::{ZookeeperBackend, ZookeeperBackendBuilder};
 pub use backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
-pub use context::fencing_token;
+pub use context::{fencing_token, in_current_scope};
 #[cfg(feature = "postgres")]
 pub use deadpool_postgres;
 pub use error::{LockError, LostReason};
