@@ -262,8 +262,26 @@ pub(crate) fn suggestion(name: &str) -> Option<&'static str> {
         .map(|(_, o)| o)
 }
 
+/// The candidate a misspelt name most likely meant: one at a small edit distance, or the only
+/// one that starts with it (`order` for `order_id`).
+pub(crate) fn closest<'a>(name: &str, candidates: &[&'a str]) -> Option<&'a str> {
+    let near = candidates
+        .iter()
+        .map(|c| (edit_distance(name, c), *c))
+        .filter(|(d, c)| *d <= 2.max(c.len() / 3) && *d < c.len())
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c);
+    near.or_else(|| {
+        let mut starts = candidates.iter().filter(|c| c.starts_with(name));
+        match (starts.next(), starts.next()) {
+            (Some(c), None) if !name.is_empty() => Some(*c),
+            _ => None,
+        }
+    })
+}
+
 /// Levenshtein distance over chars.
-fn edit_distance(a: &str, b: &str) -> usize {
+pub(crate) fn edit_distance(a: &str, b: &str) -> usize {
     let b: Vec<char> = b.chars().collect();
     let mut prev: Vec<usize> = (0..=b.len()).collect();
     for (i, ca) in a.chars().enumerate() {

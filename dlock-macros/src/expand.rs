@@ -304,11 +304,20 @@ fn key_code(
                         } else {
                             format!("it has: {}", names.join(", "))
                         };
-                        format!(
+                        let mut msg = format!(
                             "`{{{}}}` in the key is neither a parameter of `{}` nor a binding in its parameter patterns ({known})",
                             path.join("."),
                             func.sig.ident
-                        )
+                        );
+                        if let Some(hint) = crate::args::closest(&path[0], &names) {
+                            let mut fixed = vec![hint.to_string()];
+                            fixed.extend(path[1..].iter().cloned());
+                            msg.push_str(&format!(
+                                "\n\nhelp: did you mean `{{{}}}`?",
+                                fixed.join(".")
+                            ));
+                        }
+                        msg
                     };
                     errors.push_spanned(lit.span(), msg);
                     continue;
@@ -390,6 +399,25 @@ mod tests {
         );
         assert!(out.contains("neither a parameter"), "{out}");
         assert!(out.contains("it has: id"), "{out}");
+        assert!(!out.contains("did you mean"), "{out}");
+        let out = errors_of(
+            quote!(key = "k:{ordr_id}:{user.nme}"),
+            quote!(
+                async fn f(order_id: u64, user: U) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("did you mean `{order_id}`"), "{out}");
+        let out = errors_of(
+            quote!(key = "k:{order}"),
+            quote!(
+                async fn f(order_id: u64, user: U) -> Result<(), E> {
+                    Ok(())
+                }
+            ),
+        );
+        assert!(out.contains("did you mean `{order_id}`"), "{out}");
     }
 
     #[test]
