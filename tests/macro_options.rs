@@ -40,9 +40,9 @@ async fn two_parts(x: &str, y: &str) -> Result<(), LockError> {
 #[tokio::test]
 async fn values_cannot_forge_another_key() {
     fresh("mo_escape");
-    // Held under the name ("1", "2:3") renders to.
-    let g = hold("mo_escape", "a:1:2:3").await;
-    assert_eq!(busy_key(two_parts("1", "2:3").await), "a:1:2:3");
+    // Held under the name ("1", "2:3") renders to: every value escapes `:`.
+    let g = hold("mo_escape", "a:1:2\\:3").await;
+    assert_eq!(busy_key(two_parts("1", "2:3").await), "a:1:2\\:3");
     // ("1:2", "3") names another lock: it is free.
     two_parts("1:2", "3").await.unwrap();
     g.release().await.unwrap();

@@ -261,9 +261,11 @@ pub fn busy_return<R: BusyReturn>(spec: &'static LockSpec, err: LockError) -> R 
 }
 
 /// Builds a lock name from a key template. Literal parts are copied; interpolated values are
-/// formatted with `Display` and escaped: `\` and every character of `special` (the first
+/// formatted with `Display` and escaped: `\`, `:` and every character of `special` (the first
 /// characters of the literals that follow placeholders) get a `\` before them, so values cannot
-/// forge another key. A value with none of those characters renders unchanged.
+/// forge another key, of this template or of another: a value never adds an unescaped `:`, so
+/// templates whose `:`-separated literal segments differ never render the same key. A value with
+/// none of those characters renders unchanged.
 #[derive(Debug, Default)]
 pub struct KeyBuf(String);
 
@@ -279,13 +281,12 @@ impl KeyBuf {
     pub fn value<T: Display + ?Sized>(&mut self, v: &T, special: &str) {
         let start = self.0.len();
         let _ = write!(self.0, "{v}");
-        let needs = self.0[start..]
-            .chars()
-            .any(|c| c == '\\' || special.contains(c));
+        let escaped = |c: char| c == '\\' || c == ':' || special.contains(c);
+        let needs = self.0[start..].chars().any(escaped);
         if needs {
             let raw = self.0.split_off(start);
             for c in raw.chars() {
-                if c == '\\' || special.contains(c) {
+                if escaped(c) {
                     self.0.push('\\');
                 }
                 self.0.push(c);
@@ -299,15 +300,16 @@ impl KeyBuf {
 }
 
 /// The characters a value escapes (besides `\\`) when `next_literal` follows its placeholder
-/// (empty at the end of a template): the first character of that literal. The macro computes
+/// (empty at the end of a template): `:`, the separator every value escapes, and the first
+/// character of that literal. The macro computes
 /// the same set at compile time (`template::special_after`); `path_key` and `header_key` use
 /// this function.
 pub fn key_special(next_literal: &str) -> String {
-    next_literal
-        .chars()
-        .next()
-        .map(String::from)
-        .unwrap_or_default()
+    let mut s = String::from(":");
+    if let Some(c) = next_literal.chars().next().filter(|&c| c != ':') {
+        s.push(c);
+    }
+    s
 }
 
 /// Compile-time check helpers: the expansion calls these with `quote_spanned!` at the user's
