@@ -21,7 +21,7 @@
 pub use dlock_runtime::*;
 
 #[doc(inline)]
-pub use dlock_macros::distributed_lock;
+pub use dlock_macros::{distributed_lock, key};
 
 /// Not public API: what the `#[distributed_lock]` expansion calls. No semver promise.
 #[doc(hidden)]

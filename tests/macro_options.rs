@@ -59,6 +59,65 @@ async fn values_cannot_forge_another_key() {
     g.release().await.unwrap();
 }
 
+/// `dlock::key!` renders exactly as the attribute does (issue 23: the manual API could not): the
+/// attribute holding the key `key!` renders for the same values makes `key!`'s lock busy, for
+/// values with every special character.
+#[tokio::test]
+async fn key_macro_renders_as_the_attribute() {
+    fresh("mo_key_macro");
+    #[distributed_lock(key = "k:{x}-{y.0}:{z}", backend = "mo_key_macro")]
+    async fn body(
+        x: &str,
+        y: (&str,),
+        z: &str,
+        gate: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<(), LockError> {
+        let _ = (x, y, z);
+        let _ = gate.await;
+        Ok(())
+    }
+    let cases = [
+        ("1", "2", "3"),
+        ("a:b", "c-d", "e\\f"),
+        ("", "-", ":"),
+        ("x\\", ":", ""),
+    ];
+    for (x, y0, z) in cases {
+        let y = (y0,);
+        let rendered = dlock::key!("k:{x}-{y.0}:{z}");
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(async move { body(x, (y0,), z, rx).await });
+        // Wait until the attribute holds its lock, then the key! name is busy.
+        let mut busy = None;
+        for _ in 0..200 {
+            match Lock::new(rendered.clone())
+                .backend("mo_key_macro")
+                .acquire()
+                .await
+            {
+                Err(e @ LockError::Busy { .. }) => {
+                    busy = Some(e);
+                    break;
+                }
+                Ok(g) => {
+                    g.release().await.unwrap();
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(e) => panic!("{e}"),
+            }
+        }
+        let e =
+            busy.unwrap_or_else(|| panic!("key! rendered {rendered:?}, not the attribute's key"));
+        assert_eq!(e.key(), Some(rendered.as_str()));
+        tx.send(()).unwrap();
+        task.await.unwrap().unwrap();
+    }
+    let order_id = 42;
+    assert_eq!(dlock::key!("order:{order_id}"), "order:42");
+    let name = "bob:wallet";
+    assert_eq!(dlock::key!("user:{name}"), "user:bob\\:wallet");
+}
+
 #[distributed_lock(key = "order:{order_id}", backend = "mo_plain")]
 async fn by_order(order_id: u64) -> Result<u64, LockError> {
     Ok(order_id)

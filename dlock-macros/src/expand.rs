@@ -349,6 +349,80 @@ fn key_code(
     }}
 }
 
+/// `key!("order:{order_id}:{user.id}")`: the attribute's key rendering over the variables in
+/// scope (a `String`), for the manual API. `key!(crate = my_dlock, "...")` names the facade.
+pub(crate) fn key_macro(input: TokenStream) -> TokenStream {
+    let parsed = syn::parse::Parser::parse2(
+        |s: syn::parse::ParseStream<'_>| {
+            let mut krate: syn::Path = syn::parse_quote!(::dlock);
+            if s.peek(syn::Token![crate]) {
+                s.parse::<syn::Token![crate]>()?;
+                s.parse::<syn::Token![=]>()?;
+                krate = s.parse()?;
+                s.parse::<syn::Token![,]>()?;
+            }
+            let lit: syn::LitStr = s.parse()?;
+            let _ = s.parse::<Option<syn::Token![,]>>()?;
+            Ok((krate, lit))
+        },
+        input,
+    );
+    let (krate, lit) = match parsed {
+        Ok(v) => v,
+        Err(e) => return e.to_compile_error(),
+    };
+    let p = quote!(#krate::__private);
+    let tpl = match template::parse(&lit.value()) {
+        Ok(t) => t,
+        Err(msgs) => {
+            let mut errors = Errors::default();
+            for m in msgs {
+                errors.push_spanned(lit.span(), m);
+            }
+            return errors.to_compile_errors();
+        }
+    };
+    let span = lit.span();
+    let mut stmts = Vec::new();
+    let mut cap = 0usize;
+    for (i, seg) in tpl.segments.iter().enumerate() {
+        match seg {
+            Segment::Lit(s) => {
+                cap += s.len();
+                stmts.push(quote!(__dlock_k.lit(#s);));
+            }
+            Segment::Value(path) => {
+                cap += 8;
+                let mut expr = if path[0] == "self" {
+                    quote_spanned!(span=> self)
+                } else {
+                    let id = syn::Ident::new(&path[0], span);
+                    quote_spanned!(span=> #id)
+                };
+                for field in &path[1..] {
+                    if field.chars().all(|c| c.is_ascii_digit()) {
+                        let idx = syn::Index {
+                            index: field.parse().unwrap_or(0),
+                            span,
+                        };
+                        expr.extend(quote_spanned!(span=> .#idx));
+                    } else {
+                        let id = syn::Ident::new(field, span);
+                        expr.extend(quote_spanned!(span=> .#id));
+                    }
+                }
+                let special = tpl.special_after(i);
+                stmts.push(quote_spanned!(span=> __dlock_k.value(&#expr, #special);));
+            }
+        }
+    }
+    quote! {{
+        let mut __dlock_k = #p::KeyBuf::with_capacity(#cap);
+        #(#stmts)*
+        __dlock_k.finish()
+    }}
+}
+
 /// Replaces `impl Trait` with `_` in the fake return edge's type.
 struct ImplTraitEraser;
 

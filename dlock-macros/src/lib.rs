@@ -12,7 +12,7 @@ mod duration;
 mod errors;
 mod expand;
 mod item;
-mod template;
+use dlock_template as template;
 
 use proc_macro::TokenStream;
 
@@ -106,4 +106,20 @@ use proc_macro::TokenStream;
 #[proc_macro_attribute]
 pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
     expand::expand(args.into(), item.into()).into()
+}
+
+/// Renders a lock name from a key template exactly as `#[distributed_lock(key = "...")]` does,
+/// over the variables in scope: `dlock::key!("order:{order_id}:{user.id}")` is a `String`.
+/// Values are formatted with `Display` and escaped by the attribute's rule (`\`, `:` and the
+/// first character of the literal after the placeholder get a `\`), so
+/// `Lock::new(dlock::key!("order:{id}"))` names the same lock as the attribute with that key.
+/// The template is checked at compile time with the attribute's messages.
+///
+/// ```ignore
+/// let order_id = 42;
+/// assert_eq!(dlock::key!("order:{order_id}"), "order:42");
+/// ```
+#[proc_macro]
+pub fn key(input: TokenStream) -> TokenStream {
+    expand::key_macro(input.into()).into()
 }

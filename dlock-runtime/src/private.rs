@@ -305,11 +305,7 @@ impl KeyBuf {
 /// the same set at compile time (`template::special_after`); `path_key` and `header_key` use
 /// this function.
 pub fn key_special(next_literal: &str) -> String {
-    let mut s = String::from(":");
-    if let Some(c) = next_literal.chars().next().filter(|&c| c != ':') {
-        s.push(c);
-    }
-    s
+    dlock_template::special(next_literal)
 }
 
 /// Compile-time check helpers: the expansion calls these with `quote_spanned!` at the user's

@@ -296,64 +296,24 @@ pub fn path_key(route: &str, template: &str) -> Result<PathKey, LockError> {
         segs.iter()
             .position(|s| matches!(s, Seg::Param(n) | Seg::Rest(n) if n == name))
     };
-    // Template: literals and `{name}`; `{{`/`}}` escape braces.
-    let mut out: Vec<Part> = Vec::new();
-    let mut lit = String::new();
-    let mut chars = template.chars().peekable();
-    while let Some(c) = chars.next() {
-        match c {
-            '{' if chars.peek() == Some(&'{') => {
-                chars.next();
-                lit.push('{');
-            }
-            '}' if chars.peek() == Some(&'}') => {
-                chars.next();
-                lit.push('}');
-            }
-            '{' => {
-                let mut name = String::new();
-                loop {
-                    match chars.next() {
-                        Some('}') => break,
-                        Some(c) => name.push(c),
-                        None => return Err(bad("unclosed `{`")),
-                    }
+    // The template, by the attribute's own parser: the same literals, braces, trimming and
+    // refused shapes (`{a}{b}`, a `\\` right after a placeholder).
+    let tpl = dlock_template::parse(template).map_err(|errs| bad(&errs.join("; ")))?;
+    let mut out: Vec<Part> = Vec::with_capacity(tpl.segments.len());
+    for (i, seg) in tpl.segments.iter().enumerate() {
+        match seg {
+            dlock_template::Segment::Lit(l) => out.push(Part::Lit(l.clone())),
+            dlock_template::Segment::Value(path) => {
+                let name = path.join(".");
+                if path.len() != 1 {
+                    return Err(bad(&format!(
+                        "`{{{name}}}`: a path_key placeholder names a route parameter, not a field path"
+                    )));
                 }
-                // Trimmed, as the attribute trims `{ id }`.
-                let name = name.trim();
-                let idx = index_of(name)
+                let idx = index_of(&name)
                     .ok_or_else(|| bad(&format!("the route has no parameter `{name}`")))?;
-                if !lit.is_empty() {
-                    out.push(Part::Lit(std::mem::take(&mut lit)));
-                } else if matches!(out.last(), Some(Part::Param(..))) {
-                    // The attribute's rule: `k:{a}{b}` renders `1`,`23` and `12`,`3` alike.
-                    return Err(bad(
-                        "two placeholders with nothing between them make keys ambiguous; put a separator between them",
-                    ));
-                }
-                out.push(Part::Param(idx, String::new()));
+                out.push(Part::Param(idx, tpl.special_after(i)));
             }
-            '}' => return Err(bad("unmatched `}`")),
-            '\\' if lit.is_empty() && matches!(out.last(), Some(Part::Param(..))) => {
-                // The attribute's rule: values escape with `\`, so a `\` separator is ambiguous.
-                return Err(bad(
-                    "a `\\` right after a placeholder makes keys ambiguous (values escape with `\\`); use another separator",
-                ));
-            }
-            c => lit.push(c),
-        }
-    }
-    if !lit.is_empty() {
-        out.push(Part::Lit(lit));
-    }
-    // The special characters of a placeholder: the first character of the literal after it.
-    for i in 0..out.len() {
-        let next = match out.get(i + 1) {
-            Some(Part::Lit(l)) => crate::private::key_special(l),
-            _ => crate::private::key_special(""),
-        };
-        if let Part::Param(_, special) = &mut out[i] {
-            *special = next;
         }
     }
     Ok(PathKey {

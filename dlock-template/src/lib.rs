@@ -1,8 +1,12 @@
-//! The key template scanner: `"order:{order_id}"`, `{a.b.c}`, `{self.field}`, `{{` and `}}`.
+//! The key template scanner of the dlock toolkit: `"order:{order_id}"`, `{a.b.c}`,
+//! `{self.field}`, `{{` and `}}`. One parser for the `#[distributed_lock]` attribute, the `key!`
+//! macro (both at compile time) and the web layer's `path_key` (at run time), so the three
+//! accept the same templates and escape values alike. Not public API of `dlock`: no semver
+//! promise.
 
 /// One piece of a key template.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum Segment {
+pub enum Segment {
     /// Text copied as is (with `{{` / `}}` already turned into `{` / `}`).
     Lit(String),
     /// `{root.field.sub}`: `path[0]` is a parameter, a pattern binding or `self`.
@@ -12,23 +16,37 @@ pub(crate) enum Segment {
 /// A scanned template: its segments, and for each placeholder the characters its value must
 /// escape (the first character of the literal right after it).
 #[derive(Debug)]
-pub(crate) struct Template {
-    pub(crate) segments: Vec<Segment>,
+pub struct Template {
+    /// The literals and placeholders, in order.
+    pub segments: Vec<Segment>,
 }
 
 impl Template {
-    /// For the placeholder at `segments[i]`: the characters its value escapes, namely the first
-    /// character of the literal that follows it (none at the end of the template).
-    pub(crate) fn special_after(&self, i: usize) -> String {
+    /// For the placeholder at `segments[i]`: the characters its value escapes besides `\\`,
+    /// namely `:` (every value escapes it) and the first character of the literal that follows it
+    /// (none at the end of the template).
+    pub fn special_after(&self, i: usize) -> String {
         match self.segments.get(i + 1) {
-            Some(Segment::Lit(s)) => s.chars().next().map(String::from).unwrap_or_default(),
-            _ => String::new(),
+            Some(Segment::Lit(s)) => special(s),
+            _ => special(""),
         }
     }
 }
 
+/// The characters a value escapes besides `\\` when `next_literal` follows its placeholder
+/// (empty at the end of a template): `:`, the separator every value escapes, so a value can
+/// never name another template's lock, and the first character of that literal, so it can
+/// never name another lock of its own template.
+pub fn special(next_literal: &str) -> String {
+    let mut s = String::from(":");
+    if let Some(c) = next_literal.chars().next().filter(|&c| c != ':') {
+        s.push(c);
+    }
+    s
+}
+
 /// Scans `text`; every problem found is returned, not only the first.
-pub(crate) fn parse(text: &str) -> Result<Template, Vec<String>> {
+pub fn parse(text: &str) -> Result<Template, Vec<String>> {
     let mut errors = Vec::new();
     let mut segments: Vec<Segment> = Vec::new();
     let mut lit = String::new();
@@ -161,7 +179,8 @@ mod tests {
             ]
         );
         assert_eq!(t.special_after(1), ":");
-        assert_eq!(t.special_after(3), "");
+        assert_eq!(t.special_after(3), ":");
+        assert_eq!(parse("a:{x}-{y}").unwrap().special_after(1), ":-");
         let t = parse("{{lit}}-{self.id}").unwrap();
         assert_eq!(
             t.segments,
