@@ -506,16 +506,23 @@ async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
             .map(|n| b.try_acquire(n, "holder", Duration::from_secs(60))),
     )
     .await;
-    assert!(held.iter().all(|r| matches!(r, Ok(dlock::Acquired::Granted { .. }))));
+    assert!(
+        held.iter()
+            .all(|r| matches!(r, Ok(dlock::Acquired::Granted { .. })))
+    );
     let waits = |names: &[String]| {
         let b = b.clone();
         let names = names.to_vec();
         async move {
             let rs = futures_util::future::join_all(names.iter().map(|n| {
-                Lock::new(n.as_str())
-                    .with_backend(b.clone())
-                    .wait(Duration::from_millis(50))
-                    .acquire()
+                let (b, n) = (b.clone(), n.clone());
+                async move {
+                    Lock::new(n.as_str())
+                        .with_backend(b)
+                        .wait(Duration::from_millis(50))
+                        .acquire()
+                        .await
+                }
             }))
             .await;
             for r in rs {
@@ -536,7 +543,11 @@ async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
             .unwrap();
         v.len()
     };
-    let tasks = || tokio::runtime::Handle::current().metrics().num_alive_tasks();
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
     // Warm up (the runtime's connections and their tasks), then count.
     waits(&names[..10]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

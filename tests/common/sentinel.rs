@@ -248,7 +248,10 @@ impl SubscribeDelay {
                 };
                 let _ = client.set_nodelay(true);
                 let _ = server.set_nodelay(true);
-                let (mut c_read, mut s_write) = (client.try_clone().expect("clone"), server.try_clone().expect("clone"));
+                let (mut c_read, mut s_write) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
                 let (mut s_read, mut c_write) = (server, client);
                 let delay = delay.clone();
                 std::thread::spawn(move || {

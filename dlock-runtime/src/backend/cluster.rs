@@ -8,9 +8,9 @@ pub(crate) mod admin;
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use tokio::time::Instant;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
+use tokio::time::Instant;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;

@@ -637,8 +637,8 @@ async fn run_proxy(
             continue;
         }
         backoff = RESUBSCRIBE_BACKOFF_MIN;
+        // `stale` is set again below before the next watch: the loop leaves only on a switch.
         if stale && *gen_rx.borrow() == generation {
-            stale = false;
             tracing::debug!(key = %name, "dlock: subscribed on the current master again; waking its waiters");
             wake_all_of(&inner.queues, &name);
         }
