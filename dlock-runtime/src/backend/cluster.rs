@@ -720,8 +720,12 @@ impl ClusterBackend {
                                 }
                             }
                             Err(e) => {
+                                // The rest wait for the next pass: while a node is unreachable
+                                // each attempt can take up to `op_timeout`, and new waiters'
+                                // requests queue behind this pass.
                                 tracing::debug!(channel = %ch, error = %e, "dlock: SSUBSCRIBE failed; retrying with back-off");
                                 failed = true;
+                                break;
                             }
                         }
                     }
