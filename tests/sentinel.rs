@@ -589,3 +589,31 @@ async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
         tokio::task::block_in_place(channels)
     );
 }
+
+/// Review finding #5, the `ROLE` check: the sentinels name a node that says it is a replica
+/// (turned into one by hand, behind their back); the backend refuses it with a typed error
+/// instead of sending its calls there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_master_that_says_it_is_a_replica_is_not_used() {
+    let (set, other) =
+        tokio::task::spawn_blocking(|| (SentinelSet::start(false), common::RedisProc::start()))
+            .await
+            .unwrap();
+    let master = set.master.as_ref().unwrap();
+    let replicaof = |host: &str, port: &str| {
+        let _: String = redis::cmd("REPLICAOF")
+            .arg(host)
+            .arg(port)
+            .query(&mut master.admin())
+            .unwrap();
+    };
+    tokio::task::block_in_place(|| replicaof("127.0.0.1", &other.port().to_string()));
+    let r = SentinelBackend::connect(MASTER, set.sentinel_urls()).await;
+    tokio::task::block_in_place(|| replicaof("NO", "ONE"));
+    match r {
+        Err(LockError::Backend { source, .. }) => {
+            assert!(source.to_string().contains("replica"), "{source}")
+        }
+        other => panic!("expected a backend error naming the replica, got {other:?}"),
+    }
+}
