@@ -652,3 +652,247 @@ async fn a_release_lost_with_its_connection_is_retried() {
     );
     g.release().await.unwrap();
 }
+
+/// Runs `ACL SETUSER default <rule>` on every node of the set.
+fn acl_default(set: &ClusterSet, rule: &str) {
+    for n in set.nodes.iter().filter(|n| n.is_running()) {
+        let _: () = redis::cmd("ACL")
+            .arg("SETUSER")
+            .arg("default")
+            .arg(rule)
+            .query(&mut n.admin())
+            .unwrap();
+    }
+}
+
+/// Review finding #7 (issue 19): after a lost pub/sub connection, waiters were woken at once
+/// (they retry, busy) and not again once their channel was subscribed again, so a release in
+/// between reached nobody and was slept through until the holder's lease end. The window is
+/// held open here: the default user loses its channel permission and every pub/sub connection
+/// is cut (`CLIENT KILL TYPE pubsub`), so the redis crate's own resubscription is refused;
+/// the permission comes back and the holder releases at once. The waiter (ttl 10 s) must get
+/// the lock within 2 s of the release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_while_the_pubsub_connection_is_resubscribed_is_not_slept_through() {
+    let set = cluster().await;
+    let name = "resub:me";
+    let (a, b) = (backend(&set).await, backend(&set).await);
+    let holder = Lock::new(name)
+        .with_backend(a.clone())
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let g = Lock::new(name)
+                .with_backend(b)
+                .ttl(Duration::from_secs(10))
+                .wait(Duration::from_secs(9))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    tokio::task::block_in_place(|| {
+        acl_default(&set, "resetchannels");
+        for n in set.nodes.iter() {
+            let _: i64 = redis::cmd("CLIENT")
+                .arg("KILL")
+                .arg("TYPE")
+                .arg("pubsub")
+                .query(&mut n.admin())
+                .unwrap();
+        }
+    });
+    // The waiter, woken by the lost connection, has retried (busy) and waits again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    tokio::task::block_in_place(|| acl_default(&set, "allchannels"));
+    assert!(!waiter.is_finished(), "the waiter got a lock still held");
+    holder.release().await.unwrap();
+    let released = Instant::now();
+    let (g, got) = tokio::time::timeout(Duration::from_secs(12), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    let g = g.expect("the waiter gets the lock");
+    let lag = got.saturating_duration_since(released);
+    assert!(
+        lag < Duration::from_secs(2),
+        "the waiter got the lock {lag:?} after the release (ttl 10 s): it slept through it"
+    );
+    g.release().await.unwrap();
+}
+
+/// Review finding #8 (issue 19): one refused SSUBSCRIBE turned sharded wake-ups off until a
+/// restart. Here the default user loses its channel permission, a waiter's SSUBSCRIBE is
+/// refused (it times out on the lease timer), the permission comes back, and after the first
+/// back-off (1 s) a new waiter behind a 10 s lease is woken by the release within 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transient_refusal_of_ssubscribe_is_retried_with_back_off() {
+    let set = cluster().await;
+    let (a, b) = (backend(&set).await, backend(&set).await);
+    tokio::task::block_in_place(|| acl_default(&set, "resetchannels"));
+    // The fault holds: SSUBSCRIBE of the name's channel is refused on its master.
+    let keys = dlock::redis_keys("refused:1");
+    let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
+    let r: redis::RedisResult<redis::Value> = redis::cmd("SSUBSCRIBE")
+        .arg(&keys.channel)
+        .query(&mut set.nodes[master].admin());
+    assert!(
+        r.as_ref()
+            .is_err_and(|e| e.to_string().to_ascii_lowercase().contains("noperm")),
+        "{r:?}"
+    );
+    let h1 = Lock::new("refused:1")
+        .with_backend(a.clone())
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let r = Lock::new("refused:1")
+        .with_backend(b.clone())
+        .wait(Duration::from_millis(300))
+        .acquire()
+        .await;
+    assert!(matches!(r, Err(LockError::TimedOut { .. })), "{r:?}");
+    h1.release().await.unwrap();
+    tokio::task::block_in_place(|| acl_default(&set, "allchannels"));
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let h2 = Lock::new("refused:2")
+        .with_backend(a.clone())
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let waiter = tokio::spawn({
+        let b = b.clone();
+        async move {
+            let g = Lock::new("refused:2")
+                .with_backend(b)
+                .wait(Duration::from_secs(9))
+                .acquire()
+                .await;
+            (g, Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    h2.release().await.unwrap();
+    let released = Instant::now();
+    let (g, got) = tokio::time::timeout(Duration::from_secs(12), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    let g = g.expect("the waiter gets the lock");
+    let lag = got.saturating_duration_since(released);
+    assert!(
+        lag < Duration::from_secs(2),
+        "the waiter got the lock {lag:?} after the release (ttl 10 s): sharded wake-ups stayed off"
+    );
+    g.release().await.unwrap();
+}
+
+/// Issue 19, item 3: 1,000 waits of 200 ms that time out (each on its own name, held by another
+/// owner, 100 at a time) leave no shard channel subscribed, no task and no waiter behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
+    let set = Arc::new(
+        tokio::task::spawn_blocking(|| ClusterSet::start(3, 0))
+            .await
+            .unwrap(),
+    );
+    let cb = ClusterBackend::connect(set.urls()).await.unwrap();
+    let b: Arc<dyn Backend> = Arc::new(cb.clone());
+    let names: Vec<String> = (0..1000).map(|i| format!("leak:{i}")).collect();
+    let held = futures_util::future::join_all(
+        names
+            .iter()
+            .map(|n| b.try_acquire(n, "holder", Duration::from_secs(60))),
+    )
+    .await;
+    assert!(
+        held.iter()
+            .all(|r| matches!(r, Ok(Acquired::Granted { .. })))
+    );
+    let waits = |names: &[String]| {
+        let b = b.clone();
+        let names = names.to_vec();
+        async move {
+            let rs = futures_util::future::join_all(names.iter().map(|n| {
+                let (b, n) = (b.clone(), n.clone());
+                async move {
+                    Lock::new(n.as_str())
+                        .with_backend(b)
+                        .wait(Duration::from_millis(200))
+                        .acquire()
+                        .await
+                }
+            }))
+            .await;
+            // On a loaded machine a first try may get no reply within the wait (a backend
+            // error, also a wait that timed out); most must have queued and timed out.
+            let mut queued = 0;
+            for r in &rs {
+                match r {
+                    Err(LockError::TimedOut { .. }) => queued += 1,
+                    Err(LockError::Backend { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert!(
+                queued * 10 >= rs.len() * 9,
+                "{queued} of {} queued",
+                rs.len()
+            );
+        }
+    };
+    let channels = || -> usize {
+        set.nodes
+            .iter()
+            .map(|n| {
+                let v: Vec<String> = redis::cmd("PUBSUB")
+                    .arg("SHARDCHANNELS")
+                    .arg("dlock:*")
+                    .query(&mut n.admin())
+                    .unwrap();
+                v.len()
+            })
+            .sum()
+    };
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    waits(&names[..10]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (tasks_before, channels_before) = (tasks(), tokio::task::block_in_place(channels));
+    let started = Instant::now();
+    for chunk in names.chunks(100) {
+        waits(chunk).await;
+    }
+    let took = started.elapsed();
+    let settled = common::eventually(Duration::from_secs(5), || async {
+        tasks() <= tasks_before
+            && tokio::task::block_in_place(channels) <= channels_before
+            && cb.waiter_count() == 0
+    })
+    .await;
+    assert!(
+        settled,
+        "after 1,000 timed-out waits ({took:?}): {} tasks (before: {tasks_before}), {} shard \
+         channels subscribed (before: {channels_before}), {} waiters",
+        tasks(),
+        tokio::task::block_in_place(channels),
+        cb.waiter_count()
+    );
+    eprintln!(
+        "1,000 timed-out waits in {took:?}; tasks {tasks_before} -> {}, shard channels {channels_before} -> {}",
+        tasks(),
+        tokio::task::block_in_place(channels)
+    );
+}

@@ -281,3 +281,339 @@ async fn min_replicas_waits_on_the_connection_that_wrote_the_grant() {
         "X's grant was reported replicated while the only replica was stopped: {x:?}"
     );
 }
+
+/// `CLIENT KILL TYPE <kind>` on the server at `port` (every client of that kind but this one).
+fn kill_clients(url: &str, kind: &str) {
+    let mut con = redis::Client::open(url)
+        .unwrap()
+        .get_connection_with_timeout(Duration::from_secs(2))
+        .unwrap();
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg(kind)
+        .query(&mut con)
+        .unwrap();
+}
+
+/// Review finding #5 (issue 18): a sentinel that missed a failover still names the old master.
+/// S1 (the backend's first sentinel) is paused through a failover, with every link by which it
+/// would hear of it cut (its hello subscriptions on both servers; the other sentinels forget it
+/// by `SENTINEL RESET`); then it is resumed while the two others are paused, so that it alone
+/// answers, and calls on the backend are made to fail (`CLIENT KILL` of its connections on the
+/// new master), which makes it ask the sentinels again. The backend must stay on the new master
+/// (S1 names the old one under an older `config-epoch`), and no script may run on the old
+/// master. Before the fix the backend moved back to the old master at the first failed call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_sentinel_does_not_move_the_backend_back_to_the_old_master() {
+    let set = start_set().await;
+    let old = set.master.as_ref().unwrap();
+    let new = set.replica.as_ref().unwrap();
+    let (old_port, new_port) = (old.port(), new.port());
+    let sb = SentinelBackend::connect(MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    assert_eq!(sb.master_addr(), format!("127.0.0.1:{old_port}"));
+    let b: Arc<dyn Backend> = Arc::new(sb.clone());
+    let (s1, s2, s3) = (&set.sentinels[0], &set.sentinels[1], &set.sentinels[2]);
+    tokio::task::block_in_place(|| {
+        s1.pause();
+        kill_clients(&old.url(), "pubsub");
+        kill_clients(&new.url(), "pubsub");
+        for s in [s2, s3] {
+            let _: i64 = redis::cmd("SENTINEL")
+                .arg("RESET")
+                .arg(MASTER)
+                .query(&mut s.admin())
+                .unwrap();
+        }
+        // S2 forced the failover as soon as it knows the replica again (INFO every 10 s).
+        let started = Instant::now();
+        loop {
+            let r: redis::RedisResult<String> = redis::cmd("SENTINEL")
+                .arg("FAILOVER")
+                .arg(MASTER)
+                .query(&mut s2.admin());
+            if r.is_ok() {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(40),
+                "SENTINEL FAILOVER was refused for 40 s: {r:?}"
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    });
+    let followed = common::eventually(Duration::from_secs(30), || async {
+        tokio::task::block_in_place(|| s2.names()).is_some_and(|(_, p)| p == new_port)
+            && sb.master_addr() == format!("127.0.0.1:{new_port}")
+    })
+    .await;
+    assert!(followed, "the failover was not made or not followed");
+    // S1 alone answers now, and it missed the failover.
+    tokio::task::block_in_place(|| {
+        s2.pause();
+        s3.pause();
+        s1.resume();
+    });
+    let evalsha_on_old = || {
+        old.commandstats()
+            .get("evalsha")
+            .copied()
+            .unwrap_or_default()
+    };
+    let scripts_before = tokio::task::block_in_place(evalsha_on_old);
+    let mut failed_calls = 0;
+    let mut moved_to = None;
+    for round in 0..3 {
+        tokio::task::block_in_place(|| kill_clients(&new.url(), "normal"));
+        let r = Lock::new("stale:probe")
+            .with_backend(b.clone())
+            .ttl(Duration::from_secs(5))
+            .acquire()
+            .await;
+        match r {
+            Ok(g) => {
+                let _ = g.release().await;
+            }
+            Err(_) => failed_calls += 1,
+        }
+        if sb.master_addr() != format!("127.0.0.1:{new_port}") {
+            moved_to = Some((round, sb.master_addr()));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    // The fault held: S1 still names the old master (so it did answer stale).
+    let s1_names = tokio::task::block_in_place(|| s1.names());
+    let scripts_after = tokio::task::block_in_place(evalsha_on_old);
+    tokio::task::block_in_place(|| {
+        s2.resume();
+        s3.resume();
+    });
+    assert_eq!(
+        s1_names.map(|(_, p)| p),
+        Some(old_port),
+        "the fault did not hold: the resumed sentinel learned of the failover"
+    );
+    assert!(
+        failed_calls > 0 || moved_to.is_some(),
+        "no call failed, so the backend never asked the sentinels again"
+    );
+    assert_eq!(
+        moved_to, None,
+        "a stale sentinel moved the backend back (the new master is on port {new_port})"
+    );
+    assert_eq!(
+        scripts_after, scripts_before,
+        "scripts ran on the old master after the failover"
+    );
+}
+
+/// Review finding #7 (issue 19): after a switch of master, waiters are woken (they retry on the
+/// new master) before their name is subscribed there; a release in between reached nobody and
+/// the waiter slept until the holder's lease end. Here the waiter's subscription on the new
+/// master is held back 1 s by a proxy in front of it (the replica announces the proxy's
+/// port), the holder releases 300 ms after the switch, and the waiter must get the lock well
+/// before its 10 s ttl: it is woken again once subscribed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_before_the_waiter_is_subscribed_on_the_new_master_is_not_slept_through() {
+    let front = common::sentinel::SubscribeDelay::start();
+    let front_port = front.port();
+    let set = tokio::task::spawn_blocking(move || {
+        let set = SentinelSet::start_with_replica_behind(&front);
+        (set, front)
+    })
+    .await
+    .unwrap();
+    let (set, front) = set;
+    let new_addr = format!("127.0.0.1:{front_port}");
+    let a = SentinelBackend::connect(MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    let w = SentinelBackend::connect(MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    let (ab, wb): (Arc<dyn Backend>, Arc<dyn Backend>) = (Arc::new(a.clone()), Arc::new(w.clone()));
+    let holder = Lock::new("resub")
+        .with_backend(ab)
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    // Let the grant reach the replica before it is promoted.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let waiter = tokio::spawn(async move {
+        let g = Lock::new("resub")
+            .with_backend(wb)
+            .ttl(Duration::from_secs(10))
+            .wait(Duration::from_secs(9))
+            .acquire()
+            .await;
+        (g, Instant::now())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished());
+    front.delay_subscribe(Duration::from_secs(1));
+    let _: String = tokio::task::block_in_place(|| {
+        redis::cmd("SENTINEL")
+            .arg("FAILOVER")
+            .arg(MASTER)
+            .query(&mut set.sentinels[0].admin())
+    })
+    .unwrap();
+    let followed = common::eventually(Duration::from_secs(20), || async {
+        a.master_addr() == new_addr && w.master_addr() == new_addr
+    })
+    .await;
+    assert!(followed, "the backends did not follow the failover");
+    // The waiter, woken by the switch, has retried on the new master (busy: the hold was
+    // replicated); its subscription there is still held back.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "the waiter got a lock still held");
+    holder.release().await.expect("release on the new master");
+    let released = Instant::now();
+    let (g, got) = tokio::time::timeout(Duration::from_secs(12), waiter)
+        .await
+        .expect("the waiter returns")
+        .unwrap();
+    let g = g.expect("the waiter gets the lock");
+    let lag = got.saturating_duration_since(released);
+    assert!(
+        lag < Duration::from_secs(2),
+        "the waiter got the lock {lag:?} after the release (ttl 10 s): it slept through it"
+    );
+    g.release().await.unwrap();
+    drop(front);
+}
+
+/// Issue 19, item 3: 1,000 waits of 200 ms that time out (each on its own name, held by another
+/// owner, 100 at a time) leave no subscription on the master, no task and no waiter behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let master = set.master.as_ref().unwrap().url();
+    let sb = SentinelBackend::connect(MASTER, set.sentinel_urls())
+        .await
+        .unwrap();
+    let b: Arc<dyn Backend> = Arc::new(sb.clone());
+    let names: Vec<String> = (0..1000).map(|i| format!("leak:{i}")).collect();
+    let held = futures_util::future::join_all(
+        names
+            .iter()
+            .map(|n| b.try_acquire(n, "holder", Duration::from_secs(60))),
+    )
+    .await;
+    assert!(
+        held.iter()
+            .all(|r| matches!(r, Ok(dlock::Acquired::Granted { .. })))
+    );
+    let waits = |names: &[String]| {
+        let b = b.clone();
+        let names = names.to_vec();
+        async move {
+            let rs = futures_util::future::join_all(names.iter().map(|n| {
+                let (b, n) = (b.clone(), n.clone());
+                async move {
+                    Lock::new(n.as_str())
+                        .with_backend(b)
+                        .wait(Duration::from_millis(200))
+                        .acquire()
+                        .await
+                }
+            }))
+            .await;
+            // On a loaded machine a first try may get no reply within the wait (a backend
+            // error, also a wait that timed out); most must have queued and timed out.
+            let mut queued = 0;
+            for r in &rs {
+                match r {
+                    Err(LockError::TimedOut { .. }) => queued += 1,
+                    Err(LockError::Backend { .. }) => {}
+                    other => panic!("{other:?}"),
+                }
+            }
+            assert!(
+                queued * 10 >= rs.len() * 9,
+                "{queued} of {} queued",
+                rs.len()
+            );
+        }
+    };
+    let channels = || -> usize {
+        let v: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .arg("dlock:*")
+            .query(
+                &mut redis::Client::open(master.as_str())
+                    .unwrap()
+                    .get_connection()
+                    .unwrap(),
+            )
+            .unwrap();
+        v.len()
+    };
+    let tasks = || {
+        tokio::runtime::Handle::current()
+            .metrics()
+            .num_alive_tasks()
+    };
+    // Warm up (the runtime's connections and their tasks), then count.
+    waits(&names[..10]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (tasks_before, channels_before) = (tasks(), tokio::task::block_in_place(channels));
+    let started = Instant::now();
+    for chunk in names.chunks(100) {
+        waits(chunk).await;
+    }
+    let took = started.elapsed();
+    let settled = common::eventually(Duration::from_secs(5), || async {
+        tasks() <= tasks_before
+            && tokio::task::block_in_place(channels) <= channels_before
+            && sb.waiter_count() == 0
+    })
+    .await;
+    assert!(
+        settled,
+        "after 1,000 timed-out waits ({took:?}): {} tasks (before: {tasks_before}), {} channels \
+         subscribed (before: {channels_before}), {} waiters",
+        tasks(),
+        tokio::task::block_in_place(channels),
+        sb.waiter_count()
+    );
+    eprintln!(
+        "1,000 timed-out waits in {took:?}; tasks {tasks_before} -> {}, channels {channels_before} -> {}",
+        tasks(),
+        tokio::task::block_in_place(channels)
+    );
+}
+
+/// Review finding #5, the `ROLE` check: the sentinels name a node that says it is a replica
+/// (turned into one by hand, behind their back); the backend refuses it with a typed error
+/// instead of sending its calls there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_named_master_that_says_it_is_a_replica_is_not_used() {
+    let (set, other) =
+        tokio::task::spawn_blocking(|| (SentinelSet::start(false), common::RedisProc::start()))
+            .await
+            .unwrap();
+    let master = set.master.as_ref().unwrap();
+    let replicaof = |host: &str, port: &str| {
+        let _: String = redis::cmd("REPLICAOF")
+            .arg(host)
+            .arg(port)
+            .query(&mut master.admin())
+            .unwrap();
+    };
+    tokio::task::block_in_place(|| replicaof("127.0.0.1", &other.port().to_string()));
+    let r = SentinelBackend::connect(MASTER, set.sentinel_urls()).await;
+    tokio::task::block_in_place(|| replicaof("NO", "ONE"));
+    match r {
+        Err(LockError::Backend { source, .. }) => {
+            assert!(source.to_string().contains("replica"), "{source}")
+        }
+        other => panic!("expected a backend error naming the replica, got {other:?}"),
+    }
+}

@@ -10,6 +10,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
+use tokio::time::Instant;
 
 use redis::cluster::{ClusterClient, ClusterClientBuilder, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
@@ -91,11 +92,13 @@ impl ClusterBackendBuilder {
     /// in one pipeline with the acquire script so that it runs on the connection that wrote the
     /// grant: fewer confirmations give the lock back and fail the acquire with a
     /// [`LockError::Backend`]. This narrows the failover window (a replica promoted after a
-    /// confirmed grant has it); it does not close it, and renewals are not confirmed. The WAIT
-    /// holds that master's shared data connection for up to `timeout`, and every call queued
-    /// behind it waits too; keep `timeout` well below `response_timeout` (a reply later than
-    /// that fails the call with an unknown outcome). While a replica lags, a `Busy` answer also
-    /// waits for the WAIT.
+    /// confirmed grant has it); it does not close it. It confirms grants only: renewals are not
+    /// WAITed, so a failover right after a renewal that had not reached the replica leaves the
+    /// new master with the lease of the renewal before, up to ttl/3 shorter than the holder's
+    /// deadline. The WAIT holds that master's shared data connection for up to `timeout`, and
+    /// every call queued behind it waits too; keep `timeout` well below `response_timeout`
+    /// (default 1 s): a reply later than that fails the call with an unknown outcome (the call is
+    /// not sent again). While a replica lags, a `Busy` answer also waits for the WAIT.
     pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.min_replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -220,7 +223,8 @@ impl ClusterBackendBuilder {
                 pubsub_client,
                 label,
                 conns: Mutex::new(Vec::new()),
-                pubsub_refused: AtomicBool::new(false),
+                refusing: AtomicBool::new(false),
+                refusal: Mutex::new(Refusal::default()),
                 min_replicas: self.min_replicas,
                 response_timeout: self.response_timeout,
                 op_timeout: self.op_timeout,
@@ -244,10 +248,12 @@ impl ClusterBackendBuilder {
 ///
 /// By sharded pub/sub (Redis 7): the release script `SPUBLISH`es on the lock's channel, which
 /// reaches only the shard owning the slot, and waiters `SSUBSCRIBE` through one RESP3 cluster
-/// connection per runtime (the client resubscribes after reconnections and topology changes;
-/// a channel whose slot moved away is subscribed again at its new owner and one waiter is woken,
-/// so a release in between is not slept through). Where the servers refuse it (Redis 6, an ACL
-/// user without `&dlock:*`), waiting falls back to the holder's remaining lease as a timer.
+/// connection per runtime. After a lost pub/sub connection every waiter is woken; a channel on
+/// it, or one the server dropped (its slot moved away), is subscribed again (at its slot's owner,
+/// with back-off until confirmed) and its waiters are woken again then, so a release published
+/// while nobody listened is not slept through. Where the servers refuse it (Redis 6, an ACL user
+/// without `&dlock:*`), waiting falls back to the holder's remaining lease as a timer, and
+/// `SSUBSCRIBE` is asked again after a back-off (1 s doubling to 60 s).
 ///
 /// As with [`crate::RedisBackend`], connections are kept per tokio runtime.
 #[derive(Clone)]
@@ -260,7 +266,9 @@ struct Inner {
     pubsub_client: ClusterClient,
     label: String,
     conns: Mutex<Vec<RtConn>>,
-    pubsub_refused: AtomicBool,
+    /// Set while the cluster refuses SSUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
+    refusing: AtomicBool,
+    refusal: Mutex<Refusal>,
     min_replicas: Option<(usize, Duration)>,
     response_timeout: Duration,
     op_timeout: Duration,
@@ -276,6 +284,22 @@ impl fmt::Debug for ClusterBackend {
             .finish_non_exhaustive()
     }
 }
+
+/// Back-off state of a refused SSUBSCRIBE (Redis 6, an ACL user without channel permission),
+/// as on one server: until `until`, waiters use the holder's lease as their timer without
+/// asking; then the next waiter asks again, and a new refusal doubles the back-off (1 s up to
+/// 60 s). An ACL fixed while the service runs is picked up within a minute (review #8).
+#[derive(Default)]
+struct Refusal {
+    until: Option<Instant>,
+    backoff: Duration,
+}
+
+const REFUSAL_BACKOFF_MIN: Duration = Duration::from_secs(1);
+const REFUSAL_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Back-off between attempts to subscribe a channel again after a lost connection.
+const RESUBSCRIBE_BACKOFF_MIN: Duration = Duration::from_millis(50);
+const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 struct RtConn {
     runtime: tokio::runtime::Id,
@@ -294,6 +318,8 @@ enum Ctl {
     Unsubscribe(String),
     /// The server dropped this shard channel (its slot moved, or its master became a replica).
     Dropped(String),
+    /// A pub/sub connection to a node was lost: its channels are gone until subscribed again.
+    Disconnected,
 }
 
 fn is_refusal(e: &RedisError) -> bool {
@@ -584,6 +610,7 @@ impl ClusterBackend {
                         "dlock: a cluster pub/sub connection was lost; waking every waiter"
                     );
                     queues.wake_all();
+                    let _ = ctl_for_push.send(Ctl::Disconnected);
                 }
                 _ => {}
             }
@@ -596,13 +623,35 @@ impl ClusterBackend {
             .get_pending_async_connection_with_config(ClusterConfig::new().set_push_sender(push));
         let queues_for_task = Arc::downgrade(&queues);
         handle.spawn(async move {
+            // Channels the server confirmed (and that we did not unsubscribe since).
             let mut subscribed: HashSet<String> = HashSet::new();
+            // Wanted channels whose subscription may be gone (a lost connection, a channel the
+            // server dropped, a SSUBSCRIBE that failed): subscribed again with back-off, and
+            // once confirmed every waiter of the channel is woken, since a release published
+            // meanwhile reached nobody (review #7; the single-node backend's `stale` set). The
+            // redis crate resubscribes after a reconnection by itself too, but does not say when
+            // it is done, nor retry one that failed.
+            let mut stale: HashSet<String> = HashSet::new();
+            let mut retry_at: Option<Instant> = None;
+            let mut backoff = RESUBSCRIBE_BACKOFF_MIN;
             let mut batch = Vec::new();
-            while rx.recv_many(&mut batch, 256).await > 0 {
+            loop {
+                tokio::select! {
+                    n = rx.recv_many(&mut batch, 256) => {
+                        if n == 0 {
+                            return;
+                        }
+                    }
+                    _ = async {
+                        match retry_at {
+                            Some(t) => tokio::time::sleep_until(t).await,
+                            None => std::future::pending().await,
+                        }
+                    } => {}
+                }
                 let mut acks = Vec::new();
                 let mut new_channels: Vec<String> = Vec::new();
                 let mut idle = Vec::new();
-                let mut dropped = Vec::new();
                 for msg in batch.drain(..) {
                     match msg {
                         Ctl::Subscribe(ch, ack) => {
@@ -612,44 +661,88 @@ impl ClusterBackend {
                             acks.push(ack);
                         }
                         Ctl::Unsubscribe(ch) => idle.push(ch),
-                        Ctl::Dropped(ch) => dropped.push(ch),
+                        // A channel the server dropped while we still want it (our own
+                        // SUNSUBSCRIBE removes it from `subscribed` first): subscribed again,
+                        // routed to its slot's new owner.
+                        Ctl::Dropped(ch) => {
+                            if subscribed.contains(&ch) {
+                                stale.insert(ch);
+                                retry_at = Some(Instant::now());
+                            }
+                        }
+                        Ctl::Disconnected => {
+                            if !subscribed.is_empty() {
+                                stale.extend(subscribed.iter().cloned());
+                                retry_at = Some(Instant::now());
+                            }
+                        }
                     }
                 }
                 let queues = queues_for_task.upgrade();
-                // A channel the server dropped while we still want it (our own SUNSUBSCRIBE
-                // removes it from `subscribed` first): subscribe again, routed to its slot's
-                // new owner, and wake one waiter, since a release may have happened in between.
-                for ch in dropped {
-                    if subscribed.contains(&ch)
-                        && queues.as_ref().is_some_and(|q| q.has_waiters(&ch))
-                    {
-                        let r = pubsub.ssubscribe(&ch).await;
-                        tracing::debug!(channel = %ch, ok = r.is_ok(), "dlock: shard channel moved; subscribed again");
-                        if r.is_err() {
-                            subscribed.remove(&ch);
-                        }
-                        if let Some(q) = &queues {
-                            q.wake_one(&ch);
-                        }
-                    }
-                }
+                let has_waiters = |ch: &str| queues.as_ref().is_some_and(|q| q.has_waiters(ch));
                 // SSUBSCRIBE takes channels of one slot only: one command per channel.
                 let mut result = Ok(());
                 for ch in new_channels {
                     match pubsub.ssubscribe(&ch).await {
                         Ok(()) => {
+                            stale.remove(&ch);
                             subscribed.insert(ch);
                         }
-                        Err(e) => result = Err(e),
+                        Err(e) => {
+                            if !is_refusal(&e) {
+                                // Not subscribed now: its waiters use the lease timer until it
+                                // is, and are woken then.
+                                stale.insert(ch);
+                                retry_at.get_or_insert_with(|| Instant::now() + backoff);
+                            }
+                            result = Err(e);
+                        }
                     }
                 }
                 for ack in acks {
                     let _ = ack.send(result.clone());
                 }
+                if retry_at.is_some_and(|t| Instant::now() >= t) {
+                    retry_at = None;
+                    let mut failed = false;
+                    for ch in stale.iter().cloned().collect::<Vec<_>>() {
+                        if !has_waiters(&ch) {
+                            stale.remove(&ch);
+                            continue;
+                        }
+                        match pubsub.ssubscribe(&ch).await {
+                            Ok(()) => {
+                                stale.remove(&ch);
+                                subscribed.insert(ch.clone());
+                                tracing::debug!(channel = %ch, "dlock: shard channel subscribed again; waking its waiters");
+                                if let Some(q) = &queues {
+                                    wake_all_of(q, &ch);
+                                }
+                            }
+                            Err(e) => {
+                                // The rest wait for the next pass: while a node is unreachable
+                                // each attempt can take up to `op_timeout`, and new waiters'
+                                // requests queue behind this pass.
+                                tracing::debug!(channel = %ch, error = %e, "dlock: SSUBSCRIBE failed; retrying with back-off");
+                                failed = true;
+                                break;
+                            }
+                        }
+                    }
+                    if failed {
+                        retry_at = Some(Instant::now() + backoff);
+                        backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+                    } else {
+                        backoff = RESUBSCRIBE_BACKOFF_MIN;
+                    }
+                }
                 let idle: Vec<String> = idle
                     .into_iter()
-                    .filter(|ch| queues.as_ref().is_none_or(|q| !q.has_waiters(ch)))
-                    .filter(|ch| subscribed.remove(ch))
+                    .filter(|ch| !has_waiters(ch))
+                    .filter(|ch| {
+                        let was_stale = stale.remove(ch);
+                        subscribed.remove(ch) || was_stale
+                    })
                     .collect();
                 for ch in idle {
                     let _ = pubsub.sunsubscribe(&ch).await;
@@ -727,11 +820,57 @@ impl ClusterBackend {
         Ok(crate::scripts::release_reply(r))
     }
 
+    /// True while a refused SSUBSCRIBE is in its back-off (see [`Refusal`]).
+    fn refused_now(&self) -> bool {
+        if !self.inner.refusing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        r.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    fn note_refusal(&self, e: &RedisError) {
+        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        let first = r.until.is_none();
+        r.backoff = if first {
+            REFUSAL_BACKOFF_MIN
+        } else {
+            (r.backoff * 2).min(REFUSAL_BACKOFF_MAX)
+        };
+        r.until = Some(Instant::now() + r.backoff);
+        self.inner.refusing.store(true, Ordering::Relaxed);
+        if first {
+            tracing::warn!(
+                seeds = %self.inner.label,
+                error = %e,
+                "dlock: the cluster refused SSUBSCRIBE (Redis 7 and, for an ACL user, `&dlock:*` are needed); waiters fall back to the holder's remaining lease, and SSUBSCRIBE is retried with back-off"
+            );
+        }
+    }
+
+    fn note_accepted(&self) {
+        if !self.inner.refusing.swap(false, Ordering::Relaxed) {
+            return;
+        }
+        *self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Refusal::default();
+        tracing::info!(seeds = %self.inner.label, "dlock: the cluster accepts SSUBSCRIBE again; waiters are woken by releases");
+    }
+
     /// Number of callers of the current runtime waiting on this backend.
     pub fn waiter_count(&self) -> usize {
         self.conn("")
             .map(|(_, s)| s.queues.waiter_count())
             .unwrap_or(0)
+    }
+}
+
+/// Wakes every waiter of `key` (bounded by the number of waiters now, so that waiters that
+/// re-register meanwhile do not keep it going).
+fn wake_all_of(queues: &WaitQueues, key: &str) {
+    for _ in 0..queues.waiter_count() {
+        if !queues.wake_one(key) {
+            break;
+        }
     }
 }
 
@@ -841,7 +980,7 @@ impl Backend for ClusterBackend {
             let (_, sub) = self.conn(name)?;
             let channel = redis_keys(name).channel;
             let mut watch = sub.queues.register(&channel);
-            if self.inner.pubsub_refused.load(Ordering::Relaxed) {
+            if self.refused_now() {
                 watch.set_fallback_only();
                 return Ok(watch);
             }
@@ -851,14 +990,10 @@ impl Backend for ClusterBackend {
                 return Ok(watch);
             }
             match rx.await {
-                Ok(Ok(())) => {}
+                Ok(Ok(())) => self.note_accepted(),
                 Ok(Err(e)) => {
-                    if is_refusal(&e) && !self.inner.pubsub_refused.swap(true, Ordering::Relaxed) {
-                        tracing::warn!(
-                            seeds = %self.inner.label,
-                            error = %e,
-                            "dlock: the cluster refused SSUBSCRIBE (Redis 7 and, for an ACL user, `&dlock:*` are needed); waiters fall back to the holder's remaining lease"
-                        );
+                    if is_refusal(&e) {
+                        self.note_refusal(&e);
                     }
                     watch.set_fallback_only();
                 }

@@ -1,10 +1,15 @@
 //! The Sentinel backend: one Redis master found through Redis Sentinel, followed across failovers.
 //!
-//! The master is looked up with `SENTINEL get-master-addr-by-name` on the sentinels, and every
+//! The master is looked up with `SENTINEL MASTER <name>` on every sentinel at once, and the
+//! answer with the highest `config-epoch` wins (a sentinel that missed a failover, paused or cut
+//! off, still names the old master under an older epoch: review redis-family #5). Every
 //! sentinel's `+switch-master` channel is subscribed (RESP3 push, resubscribed after a
-//! reconnect): when the master changes, the composed [`RedisBackend`] is swapped for one on the
-//! new master at once (not at the next connection error), and every local waiter is woken so that
-//! it retries there. A call that fails also asks the sentinels again.
+//! reconnect); a message, or a call that fails, makes the backend ask the sentinels again. It
+//! moves to another master only when that answer's epoch is higher than the current master's and
+//! the candidate itself answers `ROLE` as a master (never to a node that says it is a replica);
+//! the composed [`RedisBackend`] is then swapped for one on the new master, and every local
+//! waiter is woken so that it retries there, and woken again once its name is subscribed on the
+//! new master (a release published in between is not slept through: review #7).
 //!
 //! With [`SentinelBuilder::min_replicas`], every grant is followed by `WAIT n timeout` on the
 //! connection that wrote it; when fewer replicas confirm, the grant is given back and the acquire
@@ -66,7 +71,9 @@ impl SentinelBuilder {
     /// connection to the master for up to `timeout`, and every call queued behind it waits too;
     /// keep `timeout` well below the master's response timeout (3 s by default), since a later
     /// reply fails the call with an unknown outcome. While a replica lags, a `Busy` answer also
-    /// waits for the WAIT. Renewals are not confirmed.
+    /// waits for the WAIT. It confirms grants only: renewals are not WAITed, so a failover right
+    /// after a renewal that had not reached the replica leaves the new master with the lease of
+    /// the renewal before, up to ttl/3 shorter than the holder's deadline.
     pub fn min_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
         self.min_replicas = (replicas > 0).then_some((replicas, timeout));
         self
@@ -136,8 +143,17 @@ impl SentinelBuilder {
             next_proxy: AtomicU64::new(0),
             last_refresh: Mutex::new(None),
         });
-        let addr = inner.resolve().await?;
-        inner.switch_to(&addr)?;
+        let named = inner.resolve().await?;
+        if inner.role_of(&named.addr).await == Role::Replica {
+            return Err(LockError::backend(
+                "",
+                format!(
+                    "the sentinels name {}:{} as the master {:?}, but it says it is a replica",
+                    named.addr.0, named.addr.1, inner.cfg.master_name
+                ),
+            ));
+        }
+        inner.switch_to(&named, false)?;
         let master = inner.current();
         tokio::time::timeout(Duration::from_secs(2), master.backend.server_run_id())
             .await
@@ -169,7 +185,25 @@ struct Inner {
 
 struct Current {
     addr: (String, u16),
+    /// The sentinels' `config-epoch` for this master (only grows; see [`Inner::follow`]).
+    epoch: AtomicU64,
     backend: RedisBackend,
+}
+
+/// One sentinel's answer: the master's address and its configuration epoch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Named {
+    addr: (String, u16),
+    epoch: u64,
+}
+
+/// What a candidate master says of itself (`ROLE`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Master,
+    Replica,
+    /// Not answered (refused by an ACL, unreachable, or an unexpected reply).
+    Unknown,
 }
 
 struct Proxy {
@@ -248,49 +282,169 @@ impl Inner {
         format!("redis://{auth}{host}:{port}/{}", self.cfg.db)
     }
 
-    /// Asks the sentinels, in order, for the master's address.
-    async fn resolve(&self) -> Result<(String, u16), LockError> {
-        let mut errs = Vec::new();
-        for c in &self.clients {
-            let r = tokio::time::timeout(Duration::from_secs(1), async {
-                let mut con = c.get_multiplexed_async_connection().await?;
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(&self.cfg.master_name)
-                    .query_async::<Option<(String, u16)>>(&mut con)
-                    .await
-            })
-            .await;
-            match r {
-                Ok(Ok(Some(addr))) => return Ok(addr),
-                Ok(Ok(None)) => errs.push(format!(
+    /// Asks one sentinel for the master (`SENTINEL MASTER <name>`), bounded by 1 s.
+    async fn ask(&self, c: &redis::Client) -> Result<Named, String> {
+        let r = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut con = c.get_multiplexed_async_connection().await?;
+            redis::cmd("SENTINEL")
+                .arg("MASTER")
+                .arg(&self.cfg.master_name)
+                .query_async::<Vec<String>>(&mut con)
+                .await
+        })
+        .await;
+        let fields = match r {
+            Ok(Ok(f)) => f,
+            Ok(Err(e)) if e.to_string().contains("No such master") => {
+                return Err(format!(
                     "a sentinel does not know a master named {:?}",
                     self.cfg.master_name
-                )),
-                Ok(Err(e)) => errs.push(e.to_string()),
-                Err(_) => errs.push("no answer within 1 s".into()),
+                ));
             }
+            Ok(Err(e)) => return Err(e.to_string()),
+            Err(_) => return Err("no answer within 1 s".into()),
+        };
+        let field = |k: &str| {
+            fields
+                .chunks_exact(2)
+                .find(|kv| kv[0] == k)
+                .map(|kv| kv[1].as_str())
+        };
+        match (
+            field("ip"),
+            field("port").and_then(|p| p.parse::<u16>().ok()),
+            field("config-epoch").and_then(|e| e.parse::<u64>().ok()),
+        ) {
+            (Some(ip), Some(port), Some(epoch)) => Ok(Named {
+                addr: (ip.to_string(), port),
+                epoch,
+            }),
+            _ => Err(format!("unexpected SENTINEL MASTER reply {fields:?}")),
         }
-        Err(LockError::backend(
-            "",
-            format!(
-                "no sentinel named the master {:?}: {}",
-                self.cfg.master_name,
-                errs.join("; ")
-            ),
-        ))
     }
 
-    /// Uses the master at `addr` from now on (no-op when it is the current one).
-    fn switch_to(&self, addr: &(String, u16)) -> Result<bool, LockError> {
+    /// Asks every sentinel at once (each bounded by 1 s) and takes the answer with the highest
+    /// `config-epoch`: a sentinel that missed a failover still names the old master, under an
+    /// older epoch.
+    async fn resolve(&self) -> Result<Named, LockError> {
+        let answers =
+            futures_util::future::join_all(self.clients.iter().map(|c| self.ask(c))).await;
+        let mut best: Option<Named> = None;
+        let mut errs = Vec::new();
+        for a in answers {
+            match a {
+                Ok(n) if best.as_ref().is_none_or(|b| n.epoch > b.epoch) => best = Some(n),
+                Ok(_) => {}
+                Err(e) => errs.push(e),
+            }
+        }
+        best.ok_or_else(|| {
+            LockError::backend(
+                "",
+                format!(
+                    "no sentinel named the master {:?}: {}",
+                    self.cfg.master_name,
+                    errs.join("; ")
+                ),
+            )
+        })
+    }
+
+    /// What the node at `addr` says it is (`ROLE`, bounded by 1 s).
+    async fn role_of(&self, addr: &(String, u16)) -> Role {
+        let Ok(client) = redis::Client::open(self.master_url(&addr.0, addr.1)) else {
+            return Role::Unknown;
+        };
+        let r = tokio::time::timeout(Duration::from_secs(1), async {
+            let mut con = client.get_multiplexed_async_connection().await?;
+            redis::cmd("ROLE")
+                .query_async::<redis::Value>(&mut con)
+                .await
+        })
+        .await;
+        let role = match r {
+            Ok(Ok(redis::Value::Array(v))) => match v.first() {
+                Some(redis::Value::BulkString(b)) => b.clone(),
+                Some(redis::Value::SimpleString(s)) => s.clone().into_bytes(),
+                _ => Vec::new(),
+            },
+            _ => Vec::new(),
+        };
+        match role.as_slice() {
+            b"master" => Role::Master,
+            b"slave" | b"replica" => Role::Replica,
+            _ => Role::Unknown,
+        }
+    }
+
+    /// Asks the sentinels (after a `+switch-master` or a failed call) and moves to the master
+    /// they name when it is newer than the current one: a higher `config-epoch` and a `ROLE`
+    /// that is not replica. An older epoch is a sentinel that missed a failover and is ignored,
+    /// unless the current master itself now says it is a replica and the named one says master
+    /// (the sentinels' configuration was reset, which restarts epochs).
+    async fn follow(&self) {
+        let named = match self.resolve().await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::debug!(error = %e, "dlock: cannot ask the sentinels for the master");
+                return;
+            }
+        };
+        let cur = self.current();
+        let cur_epoch = cur.epoch.load(Ordering::Acquire);
+        if named.addr == cur.addr {
+            cur.epoch.fetch_max(named.epoch, Ordering::AcqRel);
+            return;
+        }
+        let force = if named.epoch > cur_epoch {
+            false
+        } else if self.role_of(&cur.addr).await == Role::Replica
+            && self.role_of(&named.addr).await == Role::Master
+        {
+            true
+        } else {
+            tracing::debug!(
+                master = %self.cfg.master_name,
+                named = %format!("{}:{}", named.addr.0, named.addr.1),
+                epoch = named.epoch,
+                current_epoch = cur_epoch,
+                "dlock: the sentinels that answered name an older master; staying"
+            );
+            return;
+        };
+        if !force && self.role_of(&named.addr).await == Role::Replica {
+            tracing::debug!(
+                master = %self.cfg.master_name,
+                named = %format!("{}:{}", named.addr.0, named.addr.1),
+                "dlock: the master the sentinels name says it is a replica; staying"
+            );
+            return;
+        }
+        if let Err(e) = self.switch_to(&named, force) {
+            tracing::warn!(error = %e, "dlock: cannot follow the Sentinel failover");
+        }
+    }
+
+    /// Uses the master `named` from now on: a no-op when it is the current one, or (unless
+    /// `force`) when its epoch is not higher than the current master's (checked again here, under
+    /// the lock, against a concurrent switch).
+    fn switch_to(&self, named: &Named, force: bool) -> Result<bool, LockError> {
+        let addr = &named.addr;
         let mut cur = self.current.write().unwrap_or_else(|e| e.into_inner());
-        if cur.as_ref().is_some_and(|c| &c.addr == addr) {
-            return Ok(false);
+        if let Some(c) = cur.as_ref() {
+            if &c.addr == addr {
+                c.epoch.fetch_max(named.epoch, Ordering::AcqRel);
+                return Ok(false);
+            }
+            if !force && named.epoch <= c.epoch.load(Ordering::Acquire) {
+                return Ok(false);
+            }
         }
         let url = self.master_url(&addr.0, addr.1);
         let backend = (self.cfg.node)(RedisBackend::builder(url)).build()?;
         let old = cur.replace(Arc::new(Current {
             addr: addr.clone(),
+            epoch: AtomicU64::new(named.epoch),
             backend,
         }));
         drop(cur);
@@ -299,6 +453,7 @@ impl Inner {
                 master = %self.cfg.master_name,
                 from = %format!("{}:{}", old.addr.0, old.addr.1),
                 to = %format!("{}:{}", addr.0, addr.1),
+                epoch = named.epoch,
                 "dlock: Sentinel switched the master; following it"
             );
             self.generation.send_modify(|g| *g += 1);
@@ -316,9 +471,7 @@ impl Inner {
             }
             *last = Some(Instant::now());
         }
-        if let Ok(addr) = self.resolve().await {
-            let _ = self.switch_to(&addr);
-        }
+        self.follow().await;
     }
 
     async fn acquire(&self, name: &str, owner: &str, ttl: Duration) -> Result<Acquired, LockError> {
@@ -410,21 +563,18 @@ fn start_listeners(inner: &Arc<Inner>) -> Result<(), LockError> {
     let master = inner.cfg.master_name.clone();
     tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            // "<master-name> <old-ip> <old-port> <new-ip> <new-port>"
+            // "<master-name> <old-ip> <old-port> <new-ip> <new-port>": only the name is used;
+            // the sentinels are asked again, so that the highest epoch wins (a sentinel that
+            // catches up late publishes this too, and a forged or stale message moves nothing).
             let parts: Vec<&str> = msg.split_whitespace().collect();
-            let [name, _, _, ip, port] = parts.as_slice() else {
+            let [name, _, _, _, _] = parts.as_slice() else {
                 continue;
             };
             if *name != master {
                 continue;
             }
-            let Ok(port) = port.parse::<u16>() else {
-                continue;
-            };
             let Some(inner) = weak.upgrade() else { return };
-            if let Err(e) = inner.switch_to(&(ip.to_string(), port)) {
-                tracing::warn!(error = %e, "dlock: cannot follow the Sentinel failover");
-            }
+            inner.follow().await;
         }
     });
     Ok(())
@@ -449,8 +599,14 @@ async fn run_proxy(
     }
     let _cleanup = Cleanup(&inner, &name, id);
     let mut gen_rx = inner.generation.subscribe();
+    // Whether waiters may have missed a release since the last confirmed subscription: after a
+    // switch of master (they were woken by `switch_to` and retried before this proxy subscribed
+    // on the new one) or while the master's subscription was not confirmed. Once it is, they are
+    // woken again (review redis-family #7; the single-node backend's `stale` set).
+    let mut stale = false;
+    let mut backoff = RESUBSCRIBE_BACKOFF_MIN;
     loop {
-        gen_rx.borrow_and_update();
+        let generation = *gen_rx.borrow_and_update();
         let backend = inner.current().backend.clone();
         let w = tokio::select! {
             _ = stop.cancelled() => return,
@@ -458,17 +614,57 @@ async fn run_proxy(
         };
         let _ = ready.send(true);
         let Ok(w) = w else {
+            stale = true;
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = gen_rx.changed() => continue,
+                _ = gen_rx.changed() => {}
+                _ = tokio::time::sleep(backoff) => {}
             }
+            backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+            continue;
         };
+        if w.is_fallback_only() {
+            // Not subscribed on the master (yet): its backend wakes this watch once the channel
+            // is confirmed; asked again after a back-off too (a refusal is not retried there).
+            stale = true;
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = gen_rx.changed() => {}
+                _ = w.woken() => {}
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(RESUBSCRIBE_BACKOFF_MAX);
+            continue;
+        }
+        backoff = RESUBSCRIBE_BACKOFF_MIN;
+        // `stale` is set again below before the next watch: the loop leaves only on a switch.
+        if stale && *gen_rx.borrow() == generation {
+            tracing::debug!(key = %name, "dlock: subscribed on the current master again; waking its waiters");
+            wake_all_of(&inner.queues, &name);
+        }
         loop {
             tokio::select! {
                 _ = stop.cancelled() => return,
-                _ = gen_rx.changed() => break,
+                _ = gen_rx.changed() => {
+                    stale = true;
+                    break;
+                }
                 _ = w.woken() => { inner.queues.wake_one(&name); }
             }
+        }
+    }
+}
+
+/// Back-off of a proxy whose subscription on the master is not confirmed.
+const RESUBSCRIBE_BACKOFF_MIN: Duration = Duration::from_millis(100);
+const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+/// Wakes every waiter of `key` (bounded by the number of waiters now, so that waiters that
+/// re-register meanwhile do not keep it going).
+fn wake_all_of(queues: &WaitQueues, key: &str) {
+    for _ in 0..queues.waiter_count() {
+        if !queues.wake_one(key) {
+            break;
         }
     }
 }
