@@ -26,24 +26,33 @@
 //! Figures, per engine and variant:
 //! * hand-off p50 / p99: next grant − previous release's return, over consecutive grants to
 //!   different workers (negative, i.e. the grant reached the next holder before the releaser read
-//!   its reply, counts as 0); `max gap`: the longest such gap over all consecutive grants.
+//!   its reply, counts as 0); `max gap`: the longest time nobody held the name while workers
+//!   wanted it: between any release and the next grant, and from the last release to the end of
+//!   the run (a run whose workers only time out shows its whole length); `≥ 1 s`: how many gaps
+//!   were that long.
 //! * worst wait: the longest grant − acquire call start; `timeouts`: acquire calls that failed.
 //! * fairness: min / max acquisitions of the 16 workers.
 //! * server calls per acquisition: server-side counter deltas over the run (Redis `INFO
-//!   commandstats` calls, all nodes, `INFO` itself excluded; PostgreSQL `pg_stat_database`
+//!   commandstats` calls on all nodes, without `INFO` itself and without the calls made inside dlock's scripts; PostgreSQL `pg_stat_database`
 //!   xact_commit + xact_rollback; MySQL `Questions`; ZooKeeper `mntr` zk_packets_received; etcd
 //!   `/metrics` grpc_server_msg_received_total), everything the processes sent, waiting included.
-//! * wake-ups per release: (tries − first tries) / releases, where tries are the backend's
-//!   `try_acquire` calls (a counting `Backend` wraps the engine's) and first tries are the acquire
-//!   calls that tried at once (the others found local waiters and queued first). 1.0 = each
-//!   release woke one waiter, which took the lock.
-//! * stalled variant: the 5th process queues (a try after its `watch` answered busy), then blocks
-//!   and is stopped by the parent until the end (SIGCONT + SIGKILL). `max gap` is then the
+//! * wake-ups per release: tries made after a wait (a wake-up or a timer) / releases. A counting
+//!   `Backend` wraps the engine's and sorts each `try_acquire` by what its task did before: a
+//!   first try (the acquire call found no local waiter and tried at once), the retry right after
+//!   subscribing (`watch`; made by every call that queues, before it sleeps), or a try after a
+//!   wait. 1.0 = each release woke one waiter, which took the lock. The brief's cruder
+//!   (tries − first tries) / releases, which also counts the retries after subscribing, is
+//!   printed beside it.
+//! * stalled variant: the parent takes the name, the 5th process queues behind it (a try after
+//!   its `watch` answered busy; then it blocks its only runtime thread) and the parent stops it
+//!   (SIGSTOP) for the rest of the run (SIGCONT + SIGKILL at the end); the workers start and
+//!   queue, then the parent releases (recorded as a 17th worker's hold). `max gap` is then the
 //!   longest hand-off stall, against the engine's wake-up bound (printed per engine).
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
+use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write as _};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -115,8 +124,22 @@ struct Counting {
     errors: AtomicU64,
     queued_first: AtomicU64,
     watches: AtomicU64,
+    /// Tries by kind: made at once by an acquire call (no local waiter), made right after the
+    /// call subscribed (`watch`), made after a wait (a wake-up, or a timer).
+    first: AtomicU64,
+    after_watch: AtomicU64,
+    woken: AtomicU64,
+    /// What the next try of each task is (the lock loop calls the backend from the task that
+    /// awaits `acquire`).
+    next: Mutex<HashMap<tokio::task::Id, Next>>,
     stall: bool,
     watched: AtomicBool,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Next {
+    First,
+    AfterWatch,
 }
 
 impl Counting {
@@ -129,8 +152,21 @@ impl Counting {
             errors: AtomicU64::new(0),
             queued_first: AtomicU64::new(0),
             watches: AtomicU64::new(0),
+            first: AtomicU64::new(0),
+            after_watch: AtomicU64::new(0),
+            woken: AtomicU64::new(0),
+            next: Mutex::new(HashMap::new()),
             stall,
             watched: AtomicBool::new(false),
+        }
+    }
+
+    fn set_next(&self, n: Option<Next>) -> Option<Next> {
+        let id = tokio::task::try_id()?;
+        let mut m = self.next.lock().unwrap();
+        match n {
+            Some(n) => m.insert(id, n),
+            None => m.remove(&id),
         }
     }
 }
@@ -143,12 +179,26 @@ impl Backend for Counting {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         self.tries.fetch_add(1, Ordering::Relaxed);
+        match self.set_next(None) {
+            Some(Next::First) => &self.first,
+            Some(Next::AfterWatch) => &self.after_watch,
+            None => &self.woken,
+        }
+        .fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
             let r = self.inner.try_acquire(name, owner, ttl).await;
             match &r {
                 Ok(Acquired::Granted { .. }) => self.granted.fetch_add(1, Ordering::Relaxed),
                 Ok(Acquired::Busy { .. }) => self.busy.fetch_add(1, Ordering::Relaxed),
-                Err(_) => self.errors.fetch_add(1, Ordering::Relaxed),
+                Err(e) => {
+                    if self.errors.fetch_add(1, Ordering::Relaxed) == 0 {
+                        eprintln!(
+                            "handoff: first try error of process {}: {e}",
+                            std::process::id()
+                        );
+                    }
+                    0
+                }
             };
             if self.stall
                 && matches!(r, Ok(Acquired::Busy { .. }))
@@ -180,6 +230,7 @@ impl Backend for Counting {
     }
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
         self.watches.fetch_add(1, Ordering::Relaxed);
+        self.set_next(Some(Next::AfterWatch));
         Box::pin(async move {
             let r = self.inner.watch(name).await;
             if r.is_ok() {
@@ -192,6 +243,9 @@ impl Backend for Counting {
         let w = self.inner.has_waiters(name);
         if w {
             self.queued_first.fetch_add(1, Ordering::Relaxed);
+            self.set_next(None);
+        } else {
+            self.set_next(Some(Next::First));
         }
         w
     }
@@ -316,17 +370,19 @@ fn child(mode: &str) {
         say("READY");
         let mut go = String::new();
         std::io::stdin().read_line(&mut go).unwrap();
-        let mut it = go.split_whitespace().skip(1).map(|v| v.parse::<i64>().unwrap());
+        let mut it = go
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse::<i64>().unwrap());
         let (start, deadline) = (it.next().unwrap(), it.next().unwrap());
         let lock = Lock::new(name.clone())
             .with_backend(b.clone())
             .ttl(TTL)
             .wait(WAIT);
         if stall {
-            tokio::time::sleep(Duration::from_micros((start - now_us()).max(0) as u64 + 300_000))
-                .await;
-            // Queue as a waiter: a grant (a gap between holders) is given back and tried again.
-            for _ in 0..1000 {
+            // Queue as a waiter behind the parent's hold (a grant, if the parent's hold is gone
+            // already, is given back and tried again).
+            for _ in 0..100 {
                 counting.watched.store(false, Ordering::Relaxed);
                 if let Ok(g) = Lock::new(name.clone())
                     .with_backend(b.clone())
@@ -400,7 +456,7 @@ fn child(mode: &str) {
         std::fs::write(dir.join(format!("rec-{proc_no}")), text).unwrap();
         let c = &counting;
         say(&format!(
-            "DONE {} {} {} {} {} {} {} {} {}",
+            "DONE {} {} {} {} {} {} {} {} {} {} {} {}",
             c.tries.load(Ordering::Relaxed),
             c.granted.load(Ordering::Relaxed),
             c.busy.load(Ordering::Relaxed),
@@ -410,6 +466,9 @@ fn child(mode: &str) {
             calls.load(Ordering::Relaxed),
             timeouts.load(Ordering::Relaxed),
             rel_errs.load(Ordering::Relaxed),
+            c.first.load(Ordering::Relaxed),
+            c.after_watch.load(Ordering::Relaxed),
+            c.woken.load(Ordering::Relaxed),
         ));
     });
 }
@@ -430,6 +489,13 @@ struct Setup {
     _keep: Vec<Box<dyn std::any::Any>>,
 }
 
+/// Commands that dlock's Lua scripts run and that it never sends itself: `INFO commandstats`
+/// counts them too, so they are left out (a script run counts once, as its `EVALSHA`).
+const SCRIPT_CALLS: &[&str] = &[
+    "del", "hexists", "hget", "hincrby", "hset", "pexpire", "pttl", "set", "time", "publish",
+    "spublish",
+];
+
 fn redis_calls(ports: &[u16]) -> u64 {
     ports
         .iter()
@@ -444,7 +510,7 @@ fn redis_calls(ports: &[u16]) -> u64 {
                 .expect("INFO commandstats");
             common::parse_commandstats(&info)
                 .iter()
-                .filter(|(k, _)| !k.starts_with("info"))
+                .filter(|(k, _)| !k.starts_with("info") && !SCRIPT_CALLS.contains(&k.as_str()))
                 .map(|(_, v)| v)
                 .sum::<u64>()
         })
@@ -459,7 +525,7 @@ fn redis_setup(ports: Vec<u16>, urls: Vec<String>, keep: Vec<Box<dyn std::any::A
         bound_why: "ttl: a stopped waiter holds nothing and every process hears the release; \
                     a missed wake-up waits for the holder's lease end"
             .into(),
-        calls_what: "Redis commands (INFO commandstats)",
+        calls_what: "Redis commands sent (INFO commandstats, script-internal calls left out)",
         calls: Box::new(move |_: &tokio::runtime::Runtime| redis_calls(&ports)),
         _keep: keep,
     }
@@ -499,7 +565,7 @@ fn setup(engine: &str, rt: &tokio::runtime::Runtime) -> Setup {
             let port = set.master.as_ref().unwrap().port();
             let urls = set.sentinel_urls();
             let mut s = redis_setup(vec![port], urls, vec![Box::new(set)]);
-            s.calls_what = "Redis commands on the master (INFO commandstats)";
+            s.calls_what = "Redis commands sent to the master (INFO commandstats, script-internal calls left out)";
             s
         }
         #[cfg(feature = "cluster")]
@@ -508,7 +574,7 @@ fn setup(engine: &str, rt: &tokio::runtime::Runtime) -> Setup {
             let ports = set.nodes.iter().map(|n| n.port()).collect();
             let urls = set.urls();
             let mut s = redis_setup(ports, urls, vec![Box::new(set)]);
-            s.calls_what = "Redis commands, 3 masters (INFO commandstats)";
+            s.calls_what = "Redis commands sent to the 3 masters (INFO commandstats, script-internal calls left out)";
             s
         }
         #[cfg(feature = "postgres")]
@@ -643,7 +709,15 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(mode: &str, engine: &str, s: &Setup, name: &str, dir: &std::path::Path, k: usize, total: u64) -> Proc {
+    fn spawn(
+        mode: &str,
+        engine: &str,
+        s: &Setup,
+        name: &str,
+        dir: &std::path::Path,
+        k: usize,
+        total: u64,
+    ) -> Proc {
         let mut cmd = Command::new(std::env::current_exe().unwrap());
         cmd.env(CHILD_ENV, mode)
             .env("DLOCK_HANDOFF_ENGINE", engine)
@@ -672,10 +746,9 @@ impl Proc {
     }
 
     fn expect(&self, what: &str, limit: Duration) -> String {
-        let line = self
-            .lines
-            .recv_timeout(limit)
-            .unwrap_or_else(|e| panic!("child {}: no {what} within {limit:?}: {e}", self.child.id()));
+        let line = self.lines.recv_timeout(limit).unwrap_or_else(|e| {
+            panic!("child {}: no {what} within {limit:?}: {e}", self.child.id())
+        });
         assert!(line.starts_with(what), "child {}: {line}", self.child.id());
         line
     }
@@ -720,6 +793,10 @@ struct Row {
     rel_errors: u64,
     stopped: Option<Duration>,
     cross_proc: usize,
+    kind_first: u64,
+    kind_after_watch: u64,
+    kind_woken: u64,
+    long_gaps: usize,
 }
 
 fn pct(sorted: &[i64], q: f64) -> i64 {
@@ -738,18 +815,27 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
     let mut workers: Vec<Proc> = (0..PROCS)
         .map(|k| Proc::spawn("worker", engine, s, &name, dir.path(), k, total))
         .collect();
-    let mut staller = stalled.then(|| Proc::spawn("stall", engine, s, &name, dir.path(), PROCS, total));
+    let mut staller =
+        stalled.then(|| Proc::spawn("stall", engine, s, &name, dir.path(), PROCS, total));
     for p in workers.iter().chain(staller.iter()) {
         p.expect("READY", Duration::from_secs(60));
     }
     let before = (s.calls)(rt);
-    let start = now_us() + 200_000;
-    let deadline = start + secs as i64 * 1_000_000;
-    for p in workers.iter_mut().chain(staller.iter_mut()) {
-        p.send(&format!("GO {start} {deadline}"));
-    }
     let mut row = Row::default();
-    if let Some(st) = &staller {
+    // The stalled variant: the parent holds the name while the 5th process queues behind it and
+    // is stopped; the workers start and queue too; then the parent releases (a hand-off, recorded
+    // as a 17th "worker").
+    let mut parent = None;
+    if let Some(st) = &mut staller {
+        let b = rt.block_on(connect(engine, &s.urls, &s.table));
+        let t0 = now_us();
+        let r = rt.block_on(b.try_acquire(&name, "bench-parent", TTL));
+        assert!(
+            matches!(r, Ok(Acquired::Granted { .. })),
+            "{engine}: parent's hold: {r:?}"
+        );
+        let granted = now_us();
+        st.send(&format!("GO {granted} {granted}"));
         let line = st
             .lines
             .recv_timeout(Duration::from_secs(30))
@@ -760,12 +846,31 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
         } else {
             eprintln!("{engine}: the stalled waiter did not queue ({line})");
         }
+        parent = Some((b, t0, granted));
+    }
+    let start = now_us() + 200_000;
+    let deadline = start + secs as i64 * 1_000_000;
+    for p in workers.iter_mut() {
+        p.send(&format!("GO {start} {deadline}"));
+    }
+    let mut parent_rec = None;
+    if let Some((b, t0, granted)) = &parent {
+        std::thread::sleep(Duration::from_micros(
+            (start - now_us()).max(0) as u64 + 300_000,
+        ));
+        let r = rt.block_on(b.release(&name, "bench-parent", None, true));
+        assert!(
+            matches!(r, Ok(Released::Freed)),
+            "{engine}: parent's release: {r:?}"
+        );
+        parent_rec = Some((PROCS * PER_PROC, *t0, *granted, now_us()));
     }
     let stop_at = Instant::now();
     let mut done = Vec::new();
     for p in &workers {
         done.push(p.expect("DONE", Duration::from_secs(secs + 60)));
     }
+    let end_us = now_us();
     if row.stopped.is_some() {
         row.stopped = Some(stop_at.elapsed());
     }
@@ -777,11 +882,16 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
     for mut p in workers.drain(..) {
         let _ = p.child.wait();
     }
+    drop(parent);
     // PostgreSQL counts a session's transactions when it ends.
     std::thread::sleep(Duration::from_millis(1500));
     row.calls = (s.calls)(rt).saturating_sub(before);
     for d in &done {
-        let v: Vec<u64> = d.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+        let v: Vec<u64> = d
+            .split_whitespace()
+            .skip(1)
+            .map(|x| x.parse().unwrap())
+            .collect();
         // tries granted busy errors queued_first watches calls timeouts rel_errs
         row.tries += v[0];
         row.busy += v[2];
@@ -789,6 +899,9 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
         row.first_tries += v[6] - v[4];
         row.timeouts += v[7];
         row.rel_errors += v[8];
+        row.kind_first += v[9];
+        row.kind_after_watch += v[10];
+        row.kind_woken += v[11];
     }
     let mut recs: Vec<(usize, i64, i64, i64)> = Vec::new();
     for k in 0..PROCS {
@@ -798,15 +911,22 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
             recs.push((v[0] as usize, v[1], v[2], v[3]));
         }
     }
+    recs.extend(parent_rec);
     recs.sort_by_key(|r| r.2);
-    row.acq = recs.len();
+    row.acq = recs.len() - usize::from(parent_rec.is_some());
     row.counter = read_counter(&dir.path().join("counter"));
     if let (Some(f), Some(l)) = (recs.first(), recs.iter().map(|r| r.3).max()) {
         row.secs = (l - f.2) as f64 / 1e6;
     }
+    // The time nobody held the name while workers wanted it: between a release and the next
+    // grant, and from the last release (or the start) to the end of the run.
+    let last = recs.iter().map(|r| r.3).max().unwrap_or(start);
+    row.max_gap = end_us - last;
+    row.long_gaps = usize::from(row.max_gap >= 1_000_000);
     for w in recs.windows(2) {
         let gap = (w[1].2 - w[0].3).max(0);
         row.max_gap = row.max_gap.max(gap);
+        row.long_gaps += usize::from(gap >= 1_000_000);
         if w[0].0 != w[1].0 {
             row.cross.push(gap);
             if w[0].0 / PER_PROC != w[1].0 / PER_PROC {
@@ -820,7 +940,9 @@ fn run(engine: &str, s: &Setup, stalled: bool, rt: &tokio::runtime::Runtime) -> 
     row.worst_wait = recs.iter().map(|r| r.2 - r.1).max().unwrap_or(0);
     let mut per = [0usize; PROCS * PER_PROC];
     for r in &recs {
-        per[r.0] += 1;
+        if let Some(n) = per.get_mut(r.0) {
+            *n += 1;
+        }
     }
     row.min_w = per.iter().copied().min().unwrap_or(0);
     row.max_w = per.iter().copied().max().unwrap_or(0);
@@ -837,7 +959,7 @@ fn ms(us: i64) -> String {
 
 fn print_row(engine: &str, s: &Setup, stalled: bool, r: &Row) {
     let per_rel = |x: f64| x / r.acq.max(1) as f64;
-    let wake = per_rel(r.tries.saturating_sub(r.first_tries) as f64);
+    let wake = per_rel(r.kind_woken as f64);
     let stall_ok = if stalled {
         if r.stopped.is_none() {
             "stall: waiter never queued".to_string()
@@ -853,13 +975,18 @@ fn print_row(engine: &str, s: &Setup, stalled: bool, r: &Row) {
         String::new()
     };
     println!(
-        "| {engine} | {} | {} in {:.1} s | {} | {} | {} | {} | {}/{} | {:.1} | {:.2} | {:.2} | {} | {} | wake ≤ 1.5: {}{}{} |",
-        if stalled { "stalled waiter" } else { "16 workers" },
+        "| {engine} | {} | {} in {:.1} s | {} | {} | {} ({} ≥ 1 s) | {} | {}/{} | {:.1} | {:.2} | {:.2} | {} | {} | wake ≤ 1.5: {}{}{} |",
+        if stalled {
+            "stalled waiter"
+        } else {
+            "16 workers"
+        },
         r.acq,
         r.secs,
         ms(pct(&r.cross, 0.5)),
         ms(pct(&r.cross, 0.99)),
         ms(r.max_gap),
+        r.long_gaps,
         ms(r.worst_wait),
         r.min_w,
         r.max_w,
@@ -873,17 +1000,23 @@ fn print_row(engine: &str, s: &Setup, stalled: bool, r: &Row) {
         stall_ok,
     );
     eprintln!(
-        "  {engine} {}: {} cross hand-offs ({} cross-process), {} same-worker re-grants, tries {} (first {}), busy {}, try errors {}, release errors {}, counter {}, {}",
+        "  {engine} {}: {} cross hand-offs ({} cross-process), {} same-worker re-grants; tries {}: {} first, {} right after subscribing, {} after a wait; (tries - first tries)/releases {:.2}; busy {}, try errors {}, release errors {}, counter {}{}; {}",
         if stalled { "stalled" } else { "plain" },
         r.cross.len(),
         r.cross_proc,
         r.same,
         r.tries,
-        r.first_tries,
+        r.kind_first,
+        r.kind_after_watch,
+        r.kind_woken,
+        per_rel(r.tries.saturating_sub(r.first_tries) as f64),
         r.busy,
         r.try_errors,
         r.rel_errors,
         r.counter,
+        r.stopped
+            .map(|d| format!(", waiter stopped for {:.1} s", d.as_secs_f64()))
+            .unwrap_or_default(),
         s.calls_what,
     );
 }
@@ -931,7 +1064,9 @@ fn main() {
         // Schema, root nodes, script cache: made once, before the children race for them.
         rt.block_on(async {
             let b = connect(engine, &s.urls, &s.table).await;
-            if let Ok(Acquired::Granted { .. }) = b.try_acquire("bench:handoff:warm", "warm", TTL).await {
+            if let Ok(Acquired::Granted { .. }) =
+                b.try_acquire("bench:handoff:warm", "warm", TTL).await
+            {
                 let _ = b.release("bench:handoff:warm", "warm", None, true).await;
             }
         });
