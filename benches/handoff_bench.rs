@@ -39,7 +39,8 @@
 //! * wake-ups per release: tries made after a wait (a wake-up or a timer) / releases. A counting
 //!   `Backend` wraps the engine's and sorts each `try_acquire` by what its task did before: a
 //!   first try (the acquire call found no local waiter and tried at once), the retry right after
-//!   subscribing (`watch`; made by every call that queues, before it sleeps), or a try after a
+//!   subscribing (`watch`; made by every call that queues before it sleeps, except one that
+//!   queued behind local waiters while the holder's lease is known to run on), or a try after a
 //!   wait. 1.0 = each release woke one waiter, which took the lock. The brief's cruder
 //!   (tries − first tries) / releases, which also counts the retries after subscribing, is
 //!   printed beside it.
@@ -139,6 +140,8 @@ struct Counting {
 #[derive(Debug, Clone, Copy)]
 enum Next {
     First,
+    /// The call found local waiters and subscribes before any try.
+    QueuedFirst,
     AfterWatch,
 }
 
@@ -182,7 +185,7 @@ impl Backend for Counting {
         match self.set_next(None) {
             Some(Next::First) => &self.first,
             Some(Next::AfterWatch) => &self.after_watch,
-            None => &self.woken,
+            Some(Next::QueuedFirst) | None => &self.woken,
         }
         .fetch_add(1, Ordering::Relaxed);
         Box::pin(async move {
@@ -230,11 +233,20 @@ impl Backend for Counting {
     }
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
         self.watches.fetch_add(1, Ordering::Relaxed);
-        self.set_next(Some(Next::AfterWatch));
+        let before = self.set_next(None);
         Box::pin(async move {
             let r = self.inner.watch(name).await;
-            if r.is_ok() {
+            if let Ok(w) = &r {
                 self.watched.store(true, Ordering::Relaxed);
+                // The lock loop retries right after subscribing, except for a call that queued
+                // first behind local waiters while a holder's lease is known to run on: that one
+                // waits first (`Lock::acquire_loop`), so its next try comes after a wait.
+                let waits_first = matches!(before, Some(Next::QueuedFirst))
+                    && w.lease_end()
+                        .is_some_and(|t| t > tokio::time::Instant::now());
+                if !waits_first {
+                    self.set_next(Some(Next::AfterWatch));
+                }
             }
             r
         })
@@ -243,7 +255,7 @@ impl Backend for Counting {
         let w = self.inner.has_waiters(name);
         if w {
             self.queued_first.fetch_add(1, Ordering::Relaxed);
-            self.set_next(None);
+            self.set_next(Some(Next::QueuedFirst));
         } else {
             self.set_next(Some(Next::First));
         }
@@ -1078,10 +1090,13 @@ fn main() {
             print_row(engine, &s, stalled, &r);
         }
         eprintln!(
-            "  {engine}: wake-up bound {:?} ({}); {:.0} s with server start",
+            "  {engine}: wake-up bound {:?} ({}); {:.0} s with server start; loadavg {}",
             s.bound,
             s.bound_why,
-            t.elapsed().as_secs_f64()
+            t.elapsed().as_secs_f64(),
+            std::fs::read_to_string("/proc/loadavg")
+                .unwrap_or_default()
+                .trim()
         );
     }
 }
