@@ -771,9 +771,12 @@ impl Proc {
         stdin.flush().unwrap();
     }
 
-    fn signal(&self, sig: libc::c_int) {
-        // SAFETY: kill(2) on a child this process spawned and has not reaped.
-        unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+    /// Sends `sig` to the child unless it has exited (once reaped, its pid may be reused).
+    fn signal(&mut self, sig: libc::c_int) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            // SAFETY: kill(2) on a child this process spawned and has not reaped.
+            unsafe { libc::kill(self.child.id() as libc::pid_t, sig) };
+        }
     }
 }
 
