@@ -532,8 +532,7 @@ fn redlock_child_entry() {
         .unwrap();
     rt.block_on(async {
         let list = std::env::var("DLOCK_URLS").unwrap();
-        let backend: Arc<dyn Backend> =
-            Arc::new(connect_now(list.split(',')).await);
+        let backend: Arc<dyn Backend> = Arc::new(connect_now(list.split(',')).await);
         let counter = std::env::var("DLOCK_COUNTER").unwrap();
         let log = std::env::var("DLOCK_LOG").unwrap();
         let tasks: usize = std::env::var("DLOCK_TASKS").unwrap().parse().unwrap();
@@ -1017,7 +1016,10 @@ async fn a_fresh_client_does_not_count_a_node_restarted_before_it_connected() {
     );
     // Nodes 0 and 2 would grant P2 a majority; node 0 is younger than the delay.
     let r = p2.try_acquire(name, "p2-owner", ttl).await;
-    assert!(holder.is_valid(), "the holder's lease ended during the test");
+    assert!(
+        holder.is_valid(),
+        "the holder's lease ended during the test"
+    );
     assert!(
         !matches!(r, Ok(Acquired::Granted { .. })),
         "a new process counted a just-restarted node and granted the lock while the holder's \
@@ -1033,7 +1035,11 @@ async fn a_fresh_client_does_not_count_a_node_restarted_before_it_connected() {
 /// `Config` error at build.
 #[test]
 fn absurd_settings_are_a_config_error_at_build() {
-    let urls = ["redis://127.0.0.1:1", "redis://127.0.0.1:2", "redis://127.0.0.1:3"];
+    let urls = [
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ];
     let cases: Vec<(&str, dlock::RedlockBuilder)> = vec![
         (
             "node_timeout(MAX)",
@@ -1047,7 +1053,10 @@ fn absurd_settings_are_a_config_error_at_build() {
             "drift(0.01, MAX)",
             RedlockBackend::builder(urls).drift(0.01, Duration::MAX),
         ),
-        ("drift(NaN)", RedlockBackend::builder(urls).drift(f64::NAN, Duration::ZERO)),
+        (
+            "drift(NaN)",
+            RedlockBackend::builder(urls).drift(f64::NAN, Duration::ZERO),
+        ),
         (
             "restart_delay(MAX)",
             RedlockBackend::builder(urls).restart_delay(Duration::MAX),
@@ -1120,5 +1129,8 @@ fn calls_outside_a_tokio_runtime_are_a_config_error_not_a_panic() {
     let lock = Lock::new("no-rt-lock").with_backend(Arc::new(rl.clone()));
     let r = std::thread::scope(|s| s.spawn(|| poll_here(lock.acquire()).map(|_| ())).join());
     let r = r.expect("Lock::acquire outside a runtime panicked");
-    assert!(matches!(r, Err(LockError::Config(_))), "Lock::acquire: {r:?}");
+    assert!(
+        matches!(r, Err(LockError::Config(_))),
+        "Lock::acquire: {r:?}"
+    );
 }

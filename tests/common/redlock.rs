@@ -41,7 +41,10 @@ pub fn start_offset_nodes(offsets_ms: &[i64]) -> (Vec<RedisProc>, TempDir) {
             std::fs::write(&file, (off * 1_000_000).to_ne_bytes()).expect("write offset file");
             let envs = [
                 ("LD_PRELOAD".to_string(), lib.display().to_string()),
-                ("DLOCK_CLOCK_OFFSET_FILE".to_string(), file.display().to_string()),
+                (
+                    "DLOCK_CLOCK_OFFSET_FILE".to_string(),
+                    file.display().to_string(),
+                ),
             ];
             std::thread::spawn(move || RedisProc::start_with_env(&[], &envs))
         })

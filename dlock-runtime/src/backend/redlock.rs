@@ -452,8 +452,10 @@ impl Inner {
     }
 
     fn note_ttl(&self, ttl: Duration) {
-        self.max_ttl_ms
-            .fetch_max(ttl.as_millis().min(u64::MAX as u128) as u64, Ordering::Relaxed);
+        self.max_ttl_ms.fetch_max(
+            ttl.as_millis().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     fn restart_delay(&self) -> Duration {
@@ -679,8 +681,16 @@ impl Inner {
         if granted >= self.quorum {
             let lease = ttl.saturating_sub(self.drift(ttl));
             let written = if lease > sent.elapsed() {
-                self.write_back(&rt, name, owner, ttl, token, sent.checked_add(lease), &answered)
-                    .await
+                self.write_back(
+                    &rt,
+                    name,
+                    owner,
+                    ttl,
+                    token,
+                    sent.checked_add(lease),
+                    &answered,
+                )
+                .await
             } else {
                 Ok(())
             };
@@ -743,9 +753,7 @@ impl Inner {
         until: Option<Instant>,
         answered: &[Option<Result<(Acquired, bool), ()>>],
     ) -> Result<(), LockError> {
-        let minted = |a: &Option<Result<(Acquired, bool), ()>>| {
-            matches!(a, Some(Ok((Acquired::Granted { token: t, .. }, true))) if *t == token)
-        };
+        let minted = |a: &Option<Result<(Acquired, bool), ()>>| matches!(a, Some(Ok((Acquired::Granted { token: t, .. }, true))) if *t == token);
         let mut acked = answered.iter().filter(|a| minted(a)).count();
         if acked >= self.quorum {
             return Ok(());
