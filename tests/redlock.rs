@@ -876,9 +876,13 @@ async fn a_release_lost_on_a_quorum_of_nodes_is_retried_until_they_answer() {
     g.release().await.unwrap();
 }
 
-/// Grants `rounds` times on `name`, each time with the nodes in `down(round)` paused (so each
-/// grant is decided on another quorum) and alternating between `clients`, and asserts that
-/// every grant's token is larger than every earlier one.
+/// In a round of [`tokens_increase_with_paused_nodes`], `RESTART + i` restarts node `i`.
+const RESTART: usize = 100;
+
+/// Grants once per entry of `downs` on `name`, each time with the nodes it names paused (so
+/// each grant is decided on another quorum; `RESTART + i`: node `i` restarted before the grant
+/// instead) and alternating between `clients`, and asserts that every grant's token is larger
+/// than every earlier one.
 async fn tokens_increase_with_paused_nodes(
     servers: &mut [RedisProc],
     clients: &[Arc<dyn Backend>],
@@ -888,6 +892,11 @@ async fn tokens_increase_with_paused_nodes(
     let mut tokens: Vec<u64> = Vec::new();
     for (round, down) in downs.iter().enumerate() {
         for &d in down {
+            if d >= RESTART {
+                // Killed and started again without persistence: its fence is gone.
+                tokio::task::block_in_place(|| servers[d - RESTART].restart());
+                continue;
+            }
             tokio::task::block_in_place(|| servers[d].pause());
         }
         // A wait absorbs a try that missed the 50 ms per-node timeout on a loaded machine.
@@ -907,7 +916,7 @@ async fn tokens_increase_with_paused_nodes(
         );
         tokens.push(t);
         g.release().await.unwrap();
-        for &d in down {
+        for &d in down.iter().filter(|&&d| d < RESTART) {
             tokio::task::block_in_place(|| servers[d].resume());
         }
     }
@@ -1133,4 +1142,43 @@ fn calls_outside_a_tokio_runtime_are_a_config_error_not_a_panic() {
         matches!(r, Err(LockError::Config(_))),
         "Lock::acquire: {r:?}"
     );
+}
+
+/// The token rule under random pauses and restarts without persistence (seeded): five nodes
+/// 150 ms apart, each round either one or two nodes paused, or one restarted (its fence is gone)
+/// and one paused. The clients' restart delay (1 s) is longer than the clock spread (600 ms), so
+/// by the time a restarted node counts again its own clock is past every token granted before
+/// its restart (README, Redlock, fencing token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_under_random_pauses_and_restarts_of_five_skewed_nodes() {
+    common::debug_events_in_test_output();
+    let (mut servers, _clocks) = tokio::task::spawn_blocking(|| {
+        common::redlock::start_offset_nodes(&[300, -150, 0, 150, -300])
+    })
+    .await
+    .unwrap();
+    wait_uptime(&servers, 1).await;
+    let mut clients: Vec<Arc<dyn Backend>> = Vec::new();
+    for _ in 0..2 {
+        clients.push(Arc::new(
+            RedlockBackend::builder(urls(&servers))
+                .restart_delay(Duration::from_secs(1))
+                .connect()
+                .await
+                .unwrap(),
+        ));
+    }
+    let mut rng = Rng::new(0x5eed_0002);
+    let downs: Vec<Vec<usize>> = (0..20)
+        .map(|_| {
+            let x = rng.below(5) as usize;
+            let y = (x + 1 + rng.below(4) as usize) % 5;
+            match rng.below(3) {
+                0 => vec![x],
+                1 => vec![x, y],
+                _ => vec![RESTART + x, y],
+            }
+        })
+        .collect();
+    tokens_increase_with_paused_nodes(&mut servers, &clients, "skewed-restarts-5", &downs).await;
 }
