@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::redlock::{nodes_with_lock, start_nodes, urls};
+use common::redlock::{connect_now, nodes_with_lock, start_nodes, urls, wait_uptime};
 use common::{RedisProc, Rng, TempDir, child_mode, child_say, spawn_self};
 use dlock::{Acquired, Backend, Lock, LockError, RedisBackend, RedlockBackend};
 
@@ -26,7 +26,7 @@ fn subsets(n: usize) -> impl Iterator<Item = u32> {
 
 async fn every_quorum_subset_is_busy_every_minority_is_not(n: usize) {
     let servers = nodes(n).await;
-    let rl = RedlockBackend::connect(urls(&servers)).await.unwrap();
+    let rl = connect_now(urls(&servers)).await;
     let singles: Vec<RedisBackend> = {
         let mut v = Vec::new();
         for s in &servers {
@@ -91,6 +91,8 @@ async fn five_nodes_every_quorum_subset_is_busy_every_minority_is_not() {
 async fn kill_minority_works_kill_majority_fails_fast_restart_works_again(n: usize) {
     let mut servers = nodes(n).await;
     let restart_delay = Duration::from_millis(600);
+    // Nodes younger than the restart delay are not counted.
+    wait_uptime(&servers, 1).await;
     let rl: Arc<dyn Backend> = Arc::new(
         RedlockBackend::builder(urls(&servers))
             .restart_delay(restart_delay)
@@ -175,7 +177,7 @@ fn p99(mut v: Vec<Duration>) -> Duration {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stopped_node_does_not_slow_the_acquire() {
     let mut servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     tokio::task::block_in_place(|| servers[0].pause());
     let mut lat = Vec::new();
     for i in 0..40 {
@@ -201,7 +203,7 @@ async fn a_stopped_node_does_not_slow_the_acquire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_paused_node_does_not_slow_the_acquire() {
     let servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let mut admin = servers[1].admin_async().await;
     let mut lat = Vec::new();
     for round in 0..4 {
@@ -243,6 +245,8 @@ async fn a_write_paused_node_does_not_slow_the_acquire() {
 async fn a_restarted_node_is_not_counted_until_the_restart_delay_passed() {
     let mut servers = nodes(3).await;
     let delay = Duration::from_millis(1500);
+    // Nodes younger than the restart delay are not counted.
+    wait_uptime(&servers, 2).await;
     let a: Arc<dyn Backend> = Arc::new(
         RedlockBackend::builder(urls(&servers))
             .restart_delay(delay)
@@ -305,7 +309,10 @@ async fn a_restarted_node_is_not_counted_until_the_restart_delay_passed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_id_is_read_once_per_connection_and_a_restart_is_still_seen() {
     let mut servers = nodes(3).await;
-    let delay = Duration::from_secs(60);
+    // Longer than the rounds below take after the restart; nodes younger than it are not
+    // counted, so the test waits for that first.
+    let delay = Duration::from_secs(3);
+    wait_uptime(&servers, 3).await;
     let rl = RedlockBackend::builder(urls(&servers))
         .restart_delay(delay)
         .connect()
@@ -378,7 +385,7 @@ async fn run_id_is_read_once_per_connection_and_a_restart_is_still_seen() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_next_renewal_puts_the_hold_back_on_a_restarted_node() {
     let mut servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let name = "put-back";
     let g = Lock::new(name)
         .with_backend(rl.clone())
@@ -413,7 +420,7 @@ async fn the_next_renewal_puts_the_hold_back_on_a_restarted_node() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_across_different_quorums() {
     let mut servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let mut last = 0;
     for down in [0usize, 1, 2, 0, 1, 2] {
         tokio::task::block_in_place(|| servers[down].pause());
@@ -443,7 +450,7 @@ async fn tokens_increase_across_different_quorums() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_does_not_overtake_a_slow_nodes_acquire() {
     let mut servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     for round in 0..6 {
         let slow = round % 3;
         let _: () = redis::cmd("SCRIPT")
@@ -477,6 +484,9 @@ async fn a_release_does_not_overtake_a_slow_nodes_acquire() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_redlock_registers_a_named_backend() {
     let servers = nodes(3).await;
+    // The default restart delay is the longest ttl used (1 s here): nodes younger than that
+    // are not counted.
+    wait_uptime(&servers, 1).await;
     let u = urls(&servers);
     let refs: Vec<&str> = u.iter().map(|s| s.as_str()).collect();
     dlock::init_redlock("redlock-test", &refs).await.unwrap();
@@ -485,11 +495,13 @@ async fn init_redlock_registers_a_named_backend() {
         .unwrap();
     let g = Lock::new("registered")
         .backend("redlock-test")
+        .ttl(Duration::from_secs(1))
         .acquire()
         .await
         .unwrap();
     let r = Lock::new("registered")
         .backend("redlock-test-2")
+        .ttl(Duration::from_secs(1))
         .acquire()
         .await;
     assert!(matches!(r, Err(LockError::Busy { .. })), "{r:?}");
@@ -520,8 +532,7 @@ fn redlock_child_entry() {
         .unwrap();
     rt.block_on(async {
         let list = std::env::var("DLOCK_URLS").unwrap();
-        let backend: Arc<dyn Backend> =
-            Arc::new(RedlockBackend::connect(list.split(',')).await.unwrap());
+        let backend: Arc<dyn Backend> = Arc::new(connect_now(list.split(',')).await);
         let counter = std::env::var("DLOCK_COUNTER").unwrap();
         let log = std::env::var("DLOCK_LOG").unwrap();
         let tasks: usize = std::env::var("DLOCK_TASKS").unwrap().parse().unwrap();
@@ -641,12 +652,13 @@ async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_he
     let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
     let via: Arc<dyn Backend> = Arc::new(
         RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .restart_delay(Duration::ZERO)
             .map_nodes(|b| b.response_timeout(Duration::from_millis(500)))
             .connect()
             .await
             .unwrap(),
     );
-    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let direct: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     // Data connections through the proxies first.
     Lock::new("rl-late")
         .with_backend(via.clone())
@@ -706,7 +718,7 @@ async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_he
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_does_not_overtake_the_renewals_put_back() {
     let mut servers = nodes(3).await;
-    let rl: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let name = "put-back-overtake";
     let lock_key = dlock::redis_keys(name).lock;
     for round in 0..3 {
@@ -745,7 +757,7 @@ async fn a_release_does_not_overtake_the_renewals_put_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_owner_meeting_its_own_leftover_still_cleans_up_every_node() {
     let mut servers = nodes(3).await;
-    let rl = RedlockBackend::connect(urls(&servers)).await.unwrap();
+    let rl = connect_now(urls(&servers)).await;
     let name = "leftover";
     let owner = "fresh-owner";
     let lock_key = dlock::redis_keys(name).lock;
@@ -824,12 +836,13 @@ async fn a_release_lost_on_a_quorum_of_nodes_is_retried_until_they_answer() {
     let proxies: Vec<Proxy> = servers.iter().map(|s| Proxy::start(s.port())).collect();
     let via: Arc<dyn Backend> = Arc::new(
         RedlockBackend::builder(proxies.iter().map(|p| p.url()))
+            .restart_delay(Duration::ZERO)
             .map_nodes(|b| b.response_timeout(Duration::from_millis(300)))
             .connect()
             .await
             .unwrap(),
     );
-    let direct: Arc<dyn Backend> = Arc::new(RedlockBackend::connect(urls(&servers)).await.unwrap());
+    let direct: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let g = Lock::new("rl-lost-release")
         .with_backend(via.clone())
         .ttl(Duration::from_secs(30))
@@ -861,4 +874,312 @@ async fn a_release_lost_on_a_quorum_of_nodes_is_retried_until_they_answer() {
         healed.elapsed()
     );
     g.release().await.unwrap();
+}
+
+/// In a round of [`tokens_increase_with_paused_nodes`], `RESTART + i` restarts node `i`.
+const RESTART: usize = 100;
+
+/// Grants once per entry of `downs` on `name`, each time with the nodes it names paused (so
+/// each grant is decided on another quorum; `RESTART + i`: node `i` restarted before the grant
+/// instead) and alternating between `clients`, and asserts that every grant's token is larger
+/// than every earlier one.
+async fn tokens_increase_with_paused_nodes(
+    servers: &mut [RedisProc],
+    clients: &[Arc<dyn Backend>],
+    name: &str,
+    downs: &[Vec<usize>],
+) {
+    let mut tokens: Vec<u64> = Vec::new();
+    for (round, down) in downs.iter().enumerate() {
+        for &d in down {
+            if d >= RESTART {
+                // Killed and started again without persistence: its fence is gone.
+                tokio::task::block_in_place(|| servers[d - RESTART].restart());
+                continue;
+            }
+            tokio::task::block_in_place(|| servers[d].pause());
+        }
+        // A wait absorbs a try that missed the 50 ms per-node timeout on a loaded machine.
+        let g = Lock::new(name)
+            .with_backend(clients[round % clients.len()].clone())
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}, nodes {down:?} paused: {e}"));
+        let t = g.fencing_token();
+        let max = tokens.iter().copied().max().unwrap_or(0);
+        assert!(
+            t > max,
+            "round {round} (nodes {down:?} paused): token {t} is not above an earlier grant's {max} \
+             (by {} µs); tokens so far {tokens:?}",
+            max - t
+        );
+        tokens.push(t);
+        g.release().await.unwrap();
+        for &d in down.iter().filter(|&&d| d < RESTART) {
+            tokio::task::block_in_place(|| servers[d].resume());
+        }
+    }
+}
+
+/// Review redis-family #1: each node mints `max(last + 1, its own TIME in µs)`, so with node
+/// clocks 2 s apart a grant decided on the fast node and the next one decided without it went
+/// backwards by about 2 s. The chosen token is now written back to a quorum before the guard is
+/// returned, so every later quorum meets a node whose fence is at least that token. Three nodes
+/// at -2 s, 0 and +2 s (the clock shim), one paused per round, two clients in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_quorums_with_per_node_clock_offsets() {
+    common::debug_events_in_test_output();
+    let (mut servers, _clocks) =
+        tokio::task::spawn_blocking(|| common::redlock::start_offset_nodes(&[-2000, 0, 2000]))
+            .await
+            .unwrap();
+    // The offsets are in effect: the nodes' TIME differ by about 2 s each.
+    let mut times = Vec::new();
+    for s in &servers {
+        let (sec, us): (i64, i64) = redis::cmd("TIME").query(&mut s.admin()).unwrap();
+        times.push(sec * 1_000_000 + us);
+    }
+    assert!(
+        times[1] - times[0] > 1_500_000 && times[2] - times[1] > 1_500_000,
+        "node clocks not offset: {times:?}"
+    );
+    let a: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
+    let b: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
+    let downs: Vec<Vec<usize>> = [0usize, 1, 2, 0, 2, 1, 1, 0, 2, 2]
+        .into_iter()
+        .map(|d| vec![d])
+        .collect();
+    tokens_increase_with_paused_nodes(&mut servers, &[a, b], "skewed-tokens", &downs).await;
+}
+
+/// The same with five nodes whose clocks are 150 ms apart (-300 ms to +300 ms) and two random
+/// nodes paused per round (seeded), three clients in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_across_random_quorums_of_five_skewed_nodes() {
+    common::debug_events_in_test_output();
+    let (mut servers, _clocks) = tokio::task::spawn_blocking(|| {
+        common::redlock::start_offset_nodes(&[-300, -150, 0, 150, 300])
+    })
+    .await
+    .unwrap();
+    let mut clients: Vec<Arc<dyn Backend>> = Vec::new();
+    for _ in 0..3 {
+        clients.push(Arc::new(connect_now(urls(&servers)).await));
+    }
+    let mut rng = Rng::new(0x5eed_0001);
+    let downs: Vec<Vec<usize>> = (0..24)
+        .map(|_| {
+            let x = rng.below(5) as usize;
+            let y = (x + 1 + rng.below(4) as usize) % 5;
+            vec![x, y]
+        })
+        .collect();
+    tokens_increase_with_paused_nodes(&mut servers, &clients, "skewed-tokens-5", &downs).await;
+}
+
+/// Review redis-family #6: a node that restarted without persistence while another process
+/// held a lock on it is not counted by a process that never saw the restart (here one that
+/// connects after it) until the restart delay has passed since the node started: its
+/// `uptime_in_seconds` is read with its `run_id`. Before, the new process counted it at once
+/// and granted the lock while the first holder's lease was valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_client_does_not_count_a_node_restarted_before_it_connected() {
+    let mut servers = nodes(3).await;
+    // Generous: the steps between the grant and P2's try must fit in it on a loaded machine.
+    let ttl = Duration::from_secs(6);
+    let delay = ttl;
+    // Every node has been up for longer than the delay, so only the restarted one is young.
+    wait_uptime(&servers, 6).await;
+    let p1: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(urls(&servers))
+            .restart_delay(delay)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let name = "restart-unseen";
+    let holder = Lock::new(name)
+        .with_backend(p1.clone())
+        .ttl(ttl)
+        .watchdog(false)
+        .wait(Duration::from_secs(2))
+        .acquire()
+        .await
+        .unwrap();
+    // Node 2 loses the hold (as if it had missed the grant), node 0 restarts without
+    // persistence (the hold is gone there too), then a new process P2 connects.
+    let mut con = servers[2].admin_async().await;
+    let _: i64 = redis::cmd("DEL")
+        .arg(dlock::redis_keys(name).lock)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    tokio::task::block_in_place(|| servers[0].restart());
+    assert_eq!(nodes_with_lock(&servers, name).await, vec![1]);
+    let p2: Arc<dyn Backend> = Arc::new(
+        RedlockBackend::builder(urls(&servers))
+            .restart_delay(delay)
+            .connect()
+            .await
+            .unwrap(),
+    );
+    // Nodes 0 and 2 would grant P2 a majority; node 0 is younger than the delay.
+    let r = p2.try_acquire(name, "p2-owner", ttl).await;
+    assert!(
+        holder.is_valid(),
+        "the holder's lease ended during the test"
+    );
+    assert!(
+        !matches!(r, Ok(Acquired::Granted { .. })),
+        "a new process counted a just-restarted node and granted the lock while the holder's \
+         lease is valid: {r:?}"
+    );
+    // Once the holder's lease and the delay have passed, P2 gets it.
+    tokio::time::sleep(delay + Duration::from_millis(500)).await;
+    let r = p2.try_acquire(name, "p2-owner", ttl).await;
+    assert!(matches!(r, Ok(Acquired::Granted { .. })), "{r:?}");
+}
+
+/// Review redis-family #12: settings that would overflow the backend's arithmetic are a
+/// `Config` error at build.
+#[test]
+fn absurd_settings_are_a_config_error_at_build() {
+    let urls = [
+        "redis://127.0.0.1:1",
+        "redis://127.0.0.1:2",
+        "redis://127.0.0.1:3",
+    ];
+    let cases: Vec<(&str, dlock::RedlockBuilder)> = vec![
+        (
+            "node_timeout(MAX)",
+            RedlockBackend::builder(urls).node_timeout(Duration::MAX),
+        ),
+        (
+            "node_timeout(1 year)",
+            RedlockBackend::builder(urls).node_timeout(Duration::from_secs(365 * 24 * 3600)),
+        ),
+        (
+            "drift(0.01, MAX)",
+            RedlockBackend::builder(urls).drift(0.01, Duration::MAX),
+        ),
+        (
+            "drift(NaN)",
+            RedlockBackend::builder(urls).drift(f64::NAN, Duration::ZERO),
+        ),
+        (
+            "restart_delay(MAX)",
+            RedlockBackend::builder(urls).restart_delay(Duration::MAX),
+        ),
+    ];
+    for (what, b) in cases {
+        let r = b.build();
+        assert!(
+            matches!(r, Err(LockError::Config(_))),
+            "{what}: {:?}",
+            r.map(|_| ())
+        );
+    }
+    // A huge ttl passed straight to the backend does not overflow the drift either.
+    let b = RedlockBackend::builder(urls).build().unwrap();
+    assert!(b.drift(Duration::MAX) >= Duration::from_secs(1));
+}
+
+/// Polls `f` to completion on this thread, outside any tokio runtime.
+fn poll_here<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    let started = Instant::now();
+    loop {
+        if let std::task::Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "a call outside a runtime did not finish"
+        );
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Review redis-family #12: used outside a tokio runtime (a plain thread, `block_on` of
+/// another executor) every call is a `Config` error, not a panic of `tokio::spawn`.
+#[test]
+fn calls_outside_a_tokio_runtime_are_a_config_error_not_a_panic() {
+    let servers = start_nodes(3);
+    let urls = urls(&servers);
+    let rl = RedlockBackend::builder(&urls)
+        .restart_delay(Duration::ZERO)
+        .build()
+        .unwrap();
+    let ttl = Duration::from_secs(5);
+    let r = std::thread::scope(|s| {
+        s.spawn(|| {
+            (
+                poll_here(rl.try_acquire("no-rt", "o", ttl)).map(|_| ()),
+                poll_here(rl.release("no-rt", "o", None, true)).map(|_| ()),
+                poll_here(rl.extend("no-rt", "o", ttl)).map(|_| ()),
+                poll_here(rl.watch("no-rt")).map(|_| ()),
+                poll_here(RedlockBackend::builder(&urls).connect()).map(|_| ()),
+            )
+        })
+        .join()
+    });
+    let (a, rel, ext, w, c) = r.expect("a call outside a runtime panicked");
+    for (what, r) in [
+        ("try_acquire", a),
+        ("release", rel),
+        ("extend", ext),
+        ("watch", w),
+        ("connect", c),
+    ] {
+        assert!(matches!(r, Err(LockError::Config(_))), "{what}: {r:?}");
+    }
+    // And through the lock API.
+    let lock = Lock::new("no-rt-lock").with_backend(Arc::new(rl.clone()));
+    let r = std::thread::scope(|s| s.spawn(|| poll_here(lock.acquire()).map(|_| ())).join());
+    let r = r.expect("Lock::acquire outside a runtime panicked");
+    assert!(
+        matches!(r, Err(LockError::Config(_))),
+        "Lock::acquire: {r:?}"
+    );
+}
+
+/// The token rule under random pauses and restarts without persistence (seeded): five nodes
+/// 150 ms apart, each round either one or two nodes paused, or one restarted (its fence is gone)
+/// and one paused. The clients' restart delay (1 s) is longer than the clock spread (600 ms), so
+/// by the time a restarted node counts again its own clock is past every token granted before
+/// its restart (README, Redlock, fencing token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_under_random_pauses_and_restarts_of_five_skewed_nodes() {
+    common::debug_events_in_test_output();
+    let (mut servers, _clocks) = tokio::task::spawn_blocking(|| {
+        common::redlock::start_offset_nodes(&[300, -150, 0, 150, -300])
+    })
+    .await
+    .unwrap();
+    wait_uptime(&servers, 1).await;
+    let mut clients: Vec<Arc<dyn Backend>> = Vec::new();
+    for _ in 0..2 {
+        clients.push(Arc::new(
+            RedlockBackend::builder(urls(&servers))
+                .restart_delay(Duration::from_secs(1))
+                .connect()
+                .await
+                .unwrap(),
+        ));
+    }
+    let mut rng = Rng::new(0x5eed_0002);
+    let downs: Vec<Vec<usize>> = (0..20)
+        .map(|_| {
+            let x = rng.below(5) as usize;
+            let y = (x + 1 + rng.below(4) as usize) % 5;
+            match rng.below(3) {
+                0 => vec![x],
+                1 => vec![x, y],
+                _ => vec![RESTART + x, y],
+            }
+        })
+        .collect();
+    tokens_increase_with_paused_nodes(&mut servers, &clients, "skewed-restarts-5", &downs).await;
 }

@@ -504,8 +504,12 @@ fn redlock_nodes_listed_shown_and_unlocked() {
         .build()
         .unwrap();
     let backend = std::sync::Arc::new(
-        rt.block_on(dlock_runtime::RedlockBackend::connect(&urls))
-            .unwrap(),
+        rt.block_on(
+            dlock_runtime::RedlockBackend::builder(&urls)
+                .restart_delay(Duration::ZERO)
+                .connect(),
+        )
+        .unwrap(),
     );
     let g = rt
         .block_on(

@@ -5,7 +5,56 @@ use std::time::Duration;
 
 use dlock::{Backend, RedlockBackend};
 
-use super::{Env, Kind, RedisProc};
+use super::{Env, Kind, RedisProc, TempDir};
+
+/// Builds the LD_PRELOAD wall-clock shim (`tests/common/clockstep.c`, see `redis_clock.rs`) into
+/// `dir` and returns its path.
+pub fn build_clock_shim(dir: &TempDir) -> std::path::PathBuf {
+    let lib = dir.path().join("libclockstep.so");
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/clockstep.c");
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(src)
+        .output()
+        .expect("run cc (a C compiler is needed to build the clock shim)");
+    assert!(
+        out.status.success(),
+        "cc {src}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    lib
+}
+
+/// Starts one private redis-server per entry of `offsets_ms`, each with its wall clock
+/// (`TIME`, key expiry) shifted by that many milliseconds from the host's for its whole life,
+/// restarts included (the clock shim, one offset file per server). Keep the returned directory
+/// alive as long as the servers.
+pub fn start_offset_nodes(offsets_ms: &[i64]) -> (Vec<RedisProc>, TempDir) {
+    let dir = TempDir::new("redlock-clocks");
+    let lib = build_clock_shim(&dir);
+    let handles: Vec<_> = offsets_ms
+        .iter()
+        .enumerate()
+        .map(|(i, &off)| {
+            let file = dir.path().join(format!("offset-{i}"));
+            std::fs::write(&file, (off * 1_000_000).to_ne_bytes()).expect("write offset file");
+            let envs = [
+                ("LD_PRELOAD".to_string(), lib.display().to_string()),
+                (
+                    "DLOCK_CLOCK_OFFSET_FILE".to_string(),
+                    file.display().to_string(),
+                ),
+            ];
+            std::thread::spawn(move || RedisProc::start_with_env(&[], &envs))
+        })
+        .collect();
+    let nodes = handles
+        .into_iter()
+        .map(|h| h.join().expect("start redis-server"))
+        .collect();
+    (nodes, dir)
+}
 
 /// Starts `n` private redis-servers (in parallel threads).
 pub fn start_nodes(n: usize) -> Vec<RedisProc> {
@@ -59,15 +108,58 @@ pub async fn nodes_with_lock(nodes: &[RedisProc], name: &str) -> Vec<usize> {
     out
 }
 
+/// A `RedlockBackend` over `urls` that counts every node at once (restart delay zero), for
+/// tests on just-started servers: with a delay, a node whose uptime is below it is not counted.
+pub async fn connect_now<I, S>(urls: I) -> RedlockBackend
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    RedlockBackend::builder(urls)
+        .restart_delay(Duration::ZERO)
+        .connect()
+        .await
+        .expect("connect Redlock to the private redis-servers")
+}
+
+/// Waits until every running node's `uptime_in_seconds` is at least `secs` (so a restart
+/// delay of up to `secs` no longer leaves it out of quorums).
+pub async fn wait_uptime(nodes: &[RedisProc], secs: u64) {
+    let started = std::time::Instant::now();
+    loop {
+        let mut min = u64::MAX;
+        for (_, mut con) in admins(nodes).await {
+            let info: String = redis::cmd("INFO")
+                .arg("server")
+                .query_async(&mut con)
+                .await
+                .expect("INFO server");
+            let up = info
+                .lines()
+                .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+                .and_then(|v| v.trim().parse().ok())
+                .expect("uptime_in_seconds");
+            min = min.min(up);
+        }
+        if min >= secs {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(secs + 30),
+            "nodes never reached {secs} s of uptime"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 impl Env {
     /// `n` private redis-servers and a `RedlockBackend` over them.
     pub async fn redlock(n: usize) -> Env {
         let nodes = tokio::task::spawn_blocking(move || start_nodes(n))
             .await
             .expect("start redis-servers");
-        let b = RedlockBackend::connect(urls(&nodes))
-            .await
-            .expect("connect Redlock to the private redis-servers");
+        // Just-started servers: counted at once (the shared suites restart no node).
+        let b = connect_now(urls(&nodes)).await;
         Env {
             kind: Kind::Redlock,
             server: None,
@@ -82,11 +174,7 @@ impl Env {
     }
 
     pub(super) async fn another_redlock(&self) -> Arc<dyn Backend> {
-        Arc::new(
-            RedlockBackend::connect(urls(&self.nodes))
-                .await
-                .expect("second RedlockBackend"),
-        )
+        Arc::new(connect_now(urls(&self.nodes)).await)
     }
 
     pub(super) async fn redlock_force_delete(&self, name: &str) {

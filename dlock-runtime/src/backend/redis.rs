@@ -1283,7 +1283,11 @@ impl RedisBackend {
     /// connection (one pipeline is written to one connection): a later `CLIENT GETNAME` that
     /// answers `name` was served by the process that gave this `run_id`, since a connection
     /// does not outlive its server process.
-    pub(crate) async fn name_data_conn(&self, name: &str) -> Result<String, LockError> {
+    /// Also returns the server's `uptime_in_seconds` from the same reply (`None` if absent).
+    pub(crate) async fn name_data_conn(
+        &self,
+        name: &str,
+    ) -> Result<(String, Option<u64>), LockError> {
         let (mut con, _) = self.conn("")?;
         let (info,): (String,) = redis::pipe()
             .cmd("CLIENT")
@@ -1295,7 +1299,44 @@ impl RedisBackend {
             .query_async(&mut con)
             .await
             .map_err(|e| map_err("", e))?;
-        run_id_of(&info)
+        let uptime = info
+            .lines()
+            .find_map(|l| l.strip_prefix("uptime_in_seconds:"))
+            .and_then(|v| v.trim().parse().ok());
+        Ok((run_id_of(&info)?, uptime))
+    }
+
+    /// Raises `name`'s fence on this server to `token` (the fence script, see `fence.lua`):
+    /// true when every later grant of the name here gets a larger token (the name is free here
+    /// or `owner` holds it). Idempotent, so a call whose answer was lost may be sent again.
+    pub(crate) async fn raise_fence(
+        &self,
+        name: &str,
+        owner: &str,
+        token: u64,
+        ttl: Duration,
+    ) -> Result<bool, LockError> {
+        let (mut con, _) = self.conn(name)?;
+        let lock = key::lock_key(name);
+        let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
+        let mut cmd = scripts::evalsha(&scripts::FENCE, 2, 5, 2 * lock.len() + owner.len() + 40);
+        cmd.arg(&lock)
+            .arg(&fence)
+            .arg(owner)
+            .arg(token)
+            .arg(ms(ttl.saturating_add(FENCE_GRACE)));
+        let r: i64 = scripts::run(&scripts::FENCE, &cmd, &mut con)
+            .await
+            .map_err(|e| map_err(name, e))?;
+        Ok(r == 1)
+    }
+
+    /// Loads the fence script into the server's script cache (see [`RedisBackend::load_scripts`]).
+    pub(crate) async fn load_fence_script(&self) {
+        let Ok((mut con, _)) = self.conn("") else {
+            return;
+        };
+        let _ = scripts::FENCE.prepare_invoke().load_async(&mut con).await;
     }
 }
 

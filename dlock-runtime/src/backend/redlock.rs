@@ -11,8 +11,11 @@
 //! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
 //!   including those that did not answer in time (after their acquire finished).
 //! * **Restarted nodes.** A node whose `run_id` changed (or that this backend first reaches
-//!   after start-up) is not counted toward a quorum until the longest ttl in use has passed
-//!   since it came back. The `run_id` is read (`INFO server`) once per data connection, which
+//!   after start-up) is not counted toward a quorum until the restart delay (default: the
+//!   longest ttl in use) has passed since it came back; nor is a node whose server process
+//!   started less than the restart delay ago (`uptime_in_seconds`, read with the `run_id`), so
+//!   a process that never saw a restart (one started after it) does not count it either. The
+//!   `run_id` is read (`INFO server`) once per data connection, which
 //!   is then named (`CLIENT SETNAME`) in the same pipeline; every acquire and renewal sends
 //!   `CLIENT GETNAME` behind its script on the same connection. A connection does not outlive
 //!   its server process, so an answer with a name this backend gave names the process whose
@@ -20,10 +23,14 @@
 //!   name) reads the `run_id` again, after the script, so it names the process the script ran
 //!   on or a later one. This costs a cheap `CLIENT GETNAME` per call instead of an
 //!   `INFO server`.
-//! * **Fencing token.** The largest token among the counted grants. Any two quorums share a node,
-//!   and that node's token grew between them, so a later grant's token is larger than an earlier
-//!   one's as long as that shared node kept its fence key (see the README for what this does not
-//!   promise).
+//! * **Fencing token.** Each node mints `max(last + 1, its TIME in µs)`; the grant's token is
+//!   the largest among the counted grants, and it is written back (`fence.lua`: the node's
+//!   `last` becomes at least that token) before the guard is returned, until a quorum of nodes
+//!   confirmed it while the name was free there or held by this owner. Any later grant is
+//!   decided on a quorum, which shares a node with that one, so its token is larger, whatever
+//!   the nodes' clock offsets (within the fence key's life, see the README). A node whose own
+//!   grant minted the token needs no write; the others cost one more round trip. Without a
+//!   quorum of confirmations in time the grant is given back and the try fails.
 //! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
 //!   on every node it freed, and those messages are merged so that one release wakes one local
 //!   waiter.
@@ -97,10 +104,26 @@ impl RedlockBuilder {
                 "Redlock drift factor must be in [0, 1)".into(),
             ));
         }
-        if self.node_timeout.is_zero() {
-            return Err(LockError::Config(
-                "Redlock node timeout must be positive".into(),
-            ));
+        if self.node_timeout.is_zero() || self.node_timeout > MAX_NODE_TIMEOUT {
+            return Err(LockError::Config(format!(
+                "Redlock node timeout must be positive and at most {MAX_NODE_TIMEOUT:?} (got {:?})",
+                self.node_timeout
+            )));
+        }
+        if self.drift_fixed > crate::Lock::MAX_DURATION {
+            return Err(LockError::Config(format!(
+                "Redlock fixed drift must be at most {:?} (got {:?})",
+                crate::Lock::MAX_DURATION,
+                self.drift_fixed
+            )));
+        }
+        if let Some(d) = self.restart_delay
+            && d > crate::Lock::MAX_DURATION
+        {
+            return Err(LockError::Config(format!(
+                "Redlock restart delay must be at most {:?} (got {d:?})",
+                crate::Lock::MAX_DURATION
+            )));
         }
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for b in self.nodes {
@@ -145,19 +168,25 @@ impl RedlockBuilder {
     }
 
     /// Builds and reaches every node once (reading its `run_id`); fails unless a quorum answers.
+    /// A node that started less than the restart delay ago (its `uptime_in_seconds`) is not
+    /// counted until the delay has passed since its start: it may have restarted without
+    /// persistence while another process held locks on it.
     pub async fn connect(self) -> Result<RedlockBackend, LockError> {
+        runtime()?;
         let b = self.build()?;
         let t = b.inner.node_timeout.max(Duration::from_secs(2));
         let futs = b.inner.nodes.iter().map(|n| async move {
             let conn_name = new_conn_name();
             match tokio::time::timeout(t, n.backend.name_data_conn(&conn_name)).await {
-                Ok(Ok(id)) => {
+                Ok(Ok((id, uptime))) => {
                     {
                         let mut st = n.lock_state();
                         st.remember_conn(conn_name, id.clone());
                         st.run_id = Some(id);
+                        st.note_uptime(Instant::now(), uptime);
                     }
                     let _ = tokio::time::timeout(t, n.backend.load_scripts()).await;
+                    let _ = tokio::time::timeout(t, n.backend.load_fence_script()).await;
                     Ok(())
                 }
                 Ok(Err(e)) => Err(format!("{}: {e}", n.backend.url())),
@@ -231,6 +260,10 @@ struct NodeState {
     run_id: Option<String>,
     /// Not counted toward quorums before this instant (came back from a restart).
     excluded_until: Option<Instant>,
+    /// When the node's server process started (now − `uptime_in_seconds`, read with the
+    /// `run_id`): not counted before the restart delay has passed since then, also when this
+    /// process never saw the restart (review redis-family #6).
+    started: Option<Instant>,
     /// Names given to data connections (`CLIENT SETNAME`), each with the `run_id` read on that
     /// connection in the same pipeline.
     conn_names: HashMap<String, String>,
@@ -259,8 +292,20 @@ impl NodeState {
         self.conn_names.insert(name, run_id);
     }
 
-    /// True when the node is out of its restart exclusion at `now`.
-    fn counts_now(&mut self, now: Instant) -> bool {
+    /// Records the node process's start from its `uptime_in_seconds` (whole seconds, rounded
+    /// down, so the start is taken as up to a second later than it was: a longer exclusion).
+    fn note_uptime(&mut self, now: Instant, uptime: Option<u64>) {
+        self.started = uptime.and_then(|u| now.checked_sub(Duration::from_secs(u)));
+    }
+
+    /// True when the node is out of its restart exclusion at `now` (`delay`: the restart delay).
+    fn counts_now(&mut self, now: Instant, delay: Duration) -> bool {
+        // Kept after the delay passed: a longer ttl used later lengthens the delay.
+        if let Some(s) = self.started
+            && now.saturating_duration_since(s) < delay
+        {
+            return false;
+        }
         match self.excluded_until {
             Some(t) if now < t => false,
             Some(_) => {
@@ -293,6 +338,17 @@ impl fmt::Debug for RedlockBackend {
             .field("node_timeout", &self.inner.node_timeout)
             .finish_non_exhaustive()
     }
+}
+
+/// The largest per-node timeout a builder accepts (larger ones are a `Config` error).
+const MAX_NODE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// The current tokio runtime: the backend spawns a task per node, which needs one. Outside a
+/// runtime this is a `Config` error (as on the single-node backend), never a panic.
+fn runtime() -> Result<tokio::runtime::Handle, LockError> {
+    tokio::runtime::Handle::try_current().map_err(|_| {
+        LockError::Config("dlock's Redlock backend must be used inside a tokio runtime".into())
+    })
 }
 
 /// How long a node's release waits for this owner's acquire on that node to end. The acquire
@@ -390,12 +446,16 @@ impl RedlockBackend {
 
 impl Inner {
     fn drift(&self, ttl: Duration) -> Duration {
-        ttl.mul_f64(self.drift_factor) + self.drift_fixed
+        Duration::try_from_secs_f64(ttl.as_secs_f64() * self.drift_factor)
+            .unwrap_or(Duration::MAX)
+            .saturating_add(self.drift_fixed)
     }
 
     fn note_ttl(&self, ttl: Duration) {
-        self.max_ttl_ms
-            .fetch_max(ttl.as_millis() as u64, Ordering::Relaxed);
+        self.max_ttl_ms.fetch_max(
+            ttl.as_millis().min(u64::MAX as u128) as u64,
+            Ordering::Relaxed,
+        );
     }
 
     fn restart_delay(&self) -> Duration {
@@ -415,7 +475,7 @@ impl Inner {
             // process it was restarted from, or the reverse): read it again.
             return None;
         }
-        Some(st.counts_now(Instant::now()))
+        Some(st.counts_now(Instant::now(), self.restart_delay()))
     }
 
     /// Whether node `i`'s reply counts toward a quorum, given the answer of the
@@ -427,31 +487,32 @@ impl Inner {
         }
         let name = new_conn_name();
         match backend.name_data_conn(&name).await {
-            Ok(id) => {
+            Ok((id, uptime)) => {
                 self.nodes[i].lock_state().remember_conn(name, id.clone());
-                self.note_run_id(i, id)
+                self.note_run_id(i, id, uptime)
             }
             Err(_) => false,
         }
     }
 
     /// Records node `i`'s `run_id`; true when its votes count toward a quorum now.
-    fn note_run_id(&self, i: usize, id: String) -> bool {
+    fn note_run_id(&self, i: usize, id: String, uptime: Option<u64>) -> bool {
         let node = &self.nodes[i];
         let mut st = node.lock_state();
         let now = Instant::now();
+        st.note_uptime(now, uptime);
+        let delay = self.restart_delay();
         if st.run_id.as_deref() != Some(id.as_str()) {
-            let delay = self.restart_delay();
             tracing::warn!(
                 node = %node.backend.url(),
                 excluded_ms = delay.as_millis() as u64,
                 "dlock: Redlock node restarted or first reached (new run_id); not counted toward quorums until the longest ttl has passed"
             );
             st.run_id = Some(id);
-            st.excluded_until = Some(now + delay);
+            st.excluded_until = now.checked_add(delay);
             return delay.is_zero();
         }
-        st.counts_now(now)
+        st.counts_now(now, delay)
     }
 
     fn is_dirty(&self, i: usize, name: &str, owner: &str) -> bool {
@@ -504,6 +565,7 @@ impl Inner {
     /// the tasks.
     fn fan_out<T, F>(
         self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
         name: &str,
         owner: &str,
         track: bool,
@@ -535,7 +597,7 @@ impl Inner {
             let me = self.clone();
             let tx = tx.clone();
             let tracked = track.then(|| self.track(i, name, owner));
-            tasks.push(Some(tokio::spawn(async move {
+            tasks.push(Some(rt.spawn(async move {
                 let _tracked = tracked;
                 // The script is polled first, so it is queued on the connection before
                 // CLIENT GETNAME: a connection name read after it names the connection it ran
@@ -563,10 +625,11 @@ impl Inner {
         owner: &str,
         ttl: Duration,
     ) -> Result<Acquired, LockError> {
+        let rt = runtime()?;
         let sent = Instant::now();
         self.note_ttl(ttl);
         let n = self.nodes.len();
-        let (mut rx, tasks) = self.fan_out(name, owner, true, move |b, name, owner| {
+        let (mut rx, tasks) = self.fan_out(&rt, name, owner, true, move |b, name, owner| {
             Box::pin(async move { b.try_acquire(&name, &owner, ttl).await })
         });
         let deadline = sent + self.node_timeout;
@@ -616,27 +679,46 @@ impl Inner {
             }
         }
         if granted >= self.quorum {
-            let validity = ttl
-                .saturating_sub(sent.elapsed())
-                .saturating_sub(self.drift(ttl));
-            if !validity.is_zero() {
-                self.held
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert((name.to_string(), owner.to_string()));
-                return Ok(Acquired::Granted { token, count });
+            let lease = ttl.saturating_sub(self.drift(ttl));
+            let written = if lease > sent.elapsed() {
+                self.write_back(
+                    &rt,
+                    name,
+                    owner,
+                    ttl,
+                    token,
+                    sent.checked_add(lease),
+                    &answered,
+                )
+                .await
+            } else {
+                Ok(())
+            };
+            let validity = lease.saturating_sub(sent.elapsed());
+            match written {
+                Ok(()) if !validity.is_zero() => {
+                    self.held
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert((name.to_string(), owner.to_string()));
+                    return Ok(Acquired::Granted { token, count });
+                }
+                Ok(()) => {
+                    first_err = Some(LockError::backend(
+                        name,
+                        format!(
+                            "Redlock: a quorum granted the lock but its validity was used up ({:?} elapsed, ttl {ttl:?})",
+                            sent.elapsed()
+                        ),
+                    ));
+                }
+                Err(e) => first_err = Some(e),
             }
-            first_err = Some(LockError::backend(
-                name,
-                format!(
-                    "Redlock: a quorum granted the lock but its validity was used up ({:?} elapsed, ttl {ttl:?})",
-                    sent.elapsed()
-                ),
-            ));
             busy = None;
         }
         // Failed: give back whatever this try took, on every node.
-        self.clean_up(name, owner, reentry, &answered, tasks).await;
+        self.clean_up(&rt, name, owner, reentry, &answered, tasks)
+            .await;
         if let Some(remaining) = busy {
             return Ok(Acquired::Busy { remaining });
         }
@@ -651,11 +733,75 @@ impl Inner {
         }))
     }
 
+    /// Writes the granted `token` (the largest among the counted grants) back as the fence of
+    /// `name` on the nodes, and returns once a quorum of them confirmed that every later grant
+    /// there gets a larger token (the name is free there or `owner` holds it), at the latest by
+    /// `until` (the end of the grant's validity) or one node timeout from now. A node whose own
+    /// counted grant minted `token` already confirms it. Any later grant is decided on a quorum,
+    /// which shares a node with this one, so its token is larger (README, Redlock, tokens).
+    /// Every node gets the write (it raises the fence only), also those that did not answer in
+    /// time (behind the acquire on their connection). Fewer than a quorum in time: an error,
+    /// and the caller gives the grant back.
+    #[allow(clippy::too_many_arguments)]
+    async fn write_back(
+        self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        token: u64,
+        until: Option<Instant>,
+        answered: &[Option<Result<(Acquired, bool), ()>>],
+    ) -> Result<(), LockError> {
+        let minted = |a: &Option<Result<(Acquired, bool), ()>>| matches!(a, Some(Ok((Acquired::Granted { token: t, .. }, true))) if *t == token);
+        let mut acked = answered.iter().filter(|a| minted(a)).count();
+        if acked >= self.quorum {
+            return Ok(());
+        }
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        for (i, node) in self.nodes.iter().enumerate() {
+            if minted(&answered[i]) {
+                continue;
+            }
+            let backend = node.backend.clone();
+            let (name, owner, tx) = (name.to_string(), owner.to_string(), tx.clone());
+            rt.spawn(async move {
+                let _ = tx.send(backend.raise_fence(&name, &owner, token, ttl).await);
+            });
+        }
+        drop(tx);
+        let soon = Instant::now() + self.node_timeout;
+        let deadline = until.map_or(soon, |u| u.min(soon));
+        let (mut refused, mut first_err) = (0usize, None);
+        while acked < self.quorum {
+            match tokio::time::timeout_at(deadline, rx.recv()).await {
+                Ok(Some(Ok(true))) => acked += 1,
+                Ok(Some(Ok(false))) => refused += 1,
+                Ok(Some(Err(e))) => {
+                    first_err.get_or_insert(e);
+                }
+                Ok(None) | Err(_) => break,
+            }
+        }
+        if acked >= self.quorum {
+            return Ok(());
+        }
+        Err(LockError::backend(
+            name,
+            format!(
+                "Redlock: a quorum granted the lock but its token could not be written back to a quorum in time ({acked} of {} confirmed, {refused} held by another owner{}); the grant is given back",
+                self.nodes.len(),
+                first_err.map_or_else(String::new, |e| format!(", {e}"))
+            ),
+        ))
+    }
+
     /// Releases a failed try on every node. Nodes that answered are released now (bounded by
     /// the node timeout); on nodes still busy with the try, the release follows its end in the
     /// background, and until then this owner's votes there are not counted.
     async fn clean_up(
         self: &Arc<Self>,
+        rt: &tokio::runtime::Handle,
         name: &str,
         owner: &str,
         reentry: bool,
@@ -693,7 +839,7 @@ impl Inner {
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(key.clone());
                 let me = self.clone();
-                tokio::spawn(async move {
+                rt.spawn(async move {
                     let _ = task.await;
                     let _ = backend.release(&key.1, &key.2, None, all).await;
                     me.dirty
@@ -713,6 +859,7 @@ impl Inner {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
+        let rt = runtime()?;
         if all {
             // Given back entirely: a later try of this owner is not a re-entry.
             let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
@@ -730,7 +877,7 @@ impl Inner {
             let backend = node.backend.clone();
             let (name, owner, tx) = (name.to_string(), owner.to_string(), tx.clone());
             let me = self.clone();
-            tokio::spawn(async move {
+            rt.spawn(async move {
                 // Behind this owner's acquire on the node, if that is still running (a quorum
                 // granted before this node answered): bounded by the node's own call bounds.
                 me.after_inflight(i, &name, &owner, INFLIGHT_BOUND).await;
@@ -804,10 +951,11 @@ impl Inner {
         owner: &str,
         ttl: Duration,
     ) -> Result<Extended, LockError> {
+        let rt = runtime()?;
         let sent = Instant::now();
         self.note_ttl(ttl);
         let n = self.nodes.len();
-        let (mut rx, _tasks) = self.fan_out(name, owner, false, move |b, name, owner| {
+        let (mut rx, _tasks) = self.fan_out(&rt, name, owner, false, move |b, name, owner| {
             Box::pin(async move { b.extend(&name, &owner, ttl).await })
         });
         let deadline = sent + self.node_timeout;
@@ -854,7 +1002,7 @@ impl Inner {
                 let backend = self.nodes[i].backend.clone();
                 let (name, owner) = (name.to_string(), owner.to_string());
                 let tracked = self.track(i, &name, &owner);
-                tokio::spawn(async move {
+                rt.spawn(async move {
                     let _tracked = tracked;
                     match backend.try_acquire(&name, &owner, ttl).await {
                         Ok(Acquired::Granted { .. }) => {
@@ -884,6 +1032,7 @@ impl Inner {
 
     /// Makes sure node subscriptions exist for `name` while it has local waiters.
     async fn watch(self: &Arc<Self>, name: &str) -> Result<Watch, LockError> {
+        let rt = runtime()?;
         let (mut watch, mut ready) = {
             let mut map = self.proxies.lock().unwrap_or_else(|e| e.into_inner());
             let watch = self.queues.register(name);
@@ -901,14 +1050,14 @@ impl Inner {
                             ready: rx.clone(),
                         },
                     );
-                    tokio::spawn(run_proxy(self.clone(), name.to_string(), id, stop, tx));
+                    rt.spawn(run_proxy(self.clone(), name.to_string(), id, stop, tx));
                     rx
                 }
             };
             (watch, ready)
         };
         // Subscribed on the nodes (or given up on the slow ones) before returning.
-        let t = self.node_timeout * 4;
+        let t = self.node_timeout.saturating_mul(4);
         let r = tokio::time::timeout(t, ready.wait_for(|v| *v)).await;
         if !matches!(r, Ok(Ok(_))) {
             // No subscription confirmed in time: the holder's lease is the timer.

@@ -16,6 +16,9 @@ pub(crate) static RELEASE: LazyLock<Script> =
 /// Owner-checked lease extension.
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
+/// Raises a name's fence to a given token (Redlock's write-back of the token it granted).
+pub(crate) static FENCE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("fence.lua")));
 
 /// An `EVALSHA` of `script` with room for `args` (keys and arguments, after the key count)
 /// totalling about `bytes`: one buffer sized once, instead of redis-rs's `ScriptInvocation`,
