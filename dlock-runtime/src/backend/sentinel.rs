@@ -192,9 +192,51 @@ struct Current {
 
 /// One sentinel's answer: the master's address and its configuration epoch.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Named {
-    addr: (String, u16),
-    epoch: u64,
+pub(crate) struct Named {
+    pub(crate) addr: (String, u16),
+    pub(crate) epoch: u64,
+}
+
+/// Asks one sentinel for the master `master_name` (`SENTINEL MASTER <name>`), bounded by 1 s:
+/// its address and the `config-epoch` of that answer.
+pub(crate) async fn ask_sentinel(c: &redis::Client, master_name: &str) -> Result<Named, String> {
+    let r = tokio::time::timeout(Duration::from_secs(1), async {
+        let mut con = c.get_multiplexed_async_connection().await?;
+        redis::cmd("SENTINEL")
+            .arg("MASTER")
+            .arg(master_name)
+            .query_async::<Vec<String>>(&mut con)
+            .await
+    })
+    .await;
+    let fields = match r {
+        Ok(Ok(f)) => f,
+        Ok(Err(e)) if e.to_string().contains("No such master") => {
+            return Err(format!(
+                "a sentinel does not know a master named {:?}",
+                master_name
+            ));
+        }
+        Ok(Err(e)) => return Err(e.to_string()),
+        Err(_) => return Err("no answer within 1 s".into()),
+    };
+    let field = |k: &str| {
+        fields
+            .chunks_exact(2)
+            .find(|kv| kv[0] == k)
+            .map(|kv| kv[1].as_str())
+    };
+    match (
+        field("ip"),
+        field("port").and_then(|p| p.parse::<u16>().ok()),
+        field("config-epoch").and_then(|e| e.parse::<u64>().ok()),
+    ) {
+        (Some(ip), Some(port), Some(epoch)) => Ok(Named {
+            addr: (ip.to_string(), port),
+            epoch,
+        }),
+        _ => Err(format!("unexpected SENTINEL MASTER reply {fields:?}")),
+    }
 }
 
 /// What a candidate master says of itself (`ROLE`).
@@ -282,53 +324,16 @@ impl Inner {
         format!("redis://{auth}{host}:{port}/{}", self.cfg.db)
     }
 
-    /// Asks one sentinel for the master (`SENTINEL MASTER <name>`), bounded by 1 s.
-    async fn ask(&self, c: &redis::Client) -> Result<Named, String> {
-        let r = tokio::time::timeout(Duration::from_secs(1), async {
-            let mut con = c.get_multiplexed_async_connection().await?;
-            redis::cmd("SENTINEL")
-                .arg("MASTER")
-                .arg(&self.cfg.master_name)
-                .query_async::<Vec<String>>(&mut con)
-                .await
-        })
-        .await;
-        let fields = match r {
-            Ok(Ok(f)) => f,
-            Ok(Err(e)) if e.to_string().contains("No such master") => {
-                return Err(format!(
-                    "a sentinel does not know a master named {:?}",
-                    self.cfg.master_name
-                ));
-            }
-            Ok(Err(e)) => return Err(e.to_string()),
-            Err(_) => return Err("no answer within 1 s".into()),
-        };
-        let field = |k: &str| {
-            fields
-                .chunks_exact(2)
-                .find(|kv| kv[0] == k)
-                .map(|kv| kv[1].as_str())
-        };
-        match (
-            field("ip"),
-            field("port").and_then(|p| p.parse::<u16>().ok()),
-            field("config-epoch").and_then(|e| e.parse::<u64>().ok()),
-        ) {
-            (Some(ip), Some(port), Some(epoch)) => Ok(Named {
-                addr: (ip.to_string(), port),
-                epoch,
-            }),
-            _ => Err(format!("unexpected SENTINEL MASTER reply {fields:?}")),
-        }
-    }
-
     /// Asks every sentinel at once (each bounded by 1 s) and takes the answer with the highest
     /// `config-epoch`: a sentinel that missed a failover still names the old master, under an
     /// older epoch.
     async fn resolve(&self) -> Result<Named, LockError> {
-        let answers =
-            futures_util::future::join_all(self.clients.iter().map(|c| self.ask(c))).await;
+        let answers = futures_util::future::join_all(
+            self.clients
+                .iter()
+                .map(|c| ask_sentinel(c, &self.cfg.master_name)),
+        )
+        .await;
         let mut best: Option<Named> = None;
         let mut errs = Vec::new();
         for a in answers {

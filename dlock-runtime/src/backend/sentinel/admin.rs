@@ -1,7 +1,6 @@
-//! [`Admin`] for a Sentinel-managed master: the sentinels are asked for the master's address
-//! (`SENTINEL get-master-addr-by-name`), then it is a [`RedisAdmin`] on that master.
-
-use std::time::Duration;
+//! [`Admin`] for a Sentinel-managed master: every sentinel is asked for the master
+//! (`SENTINEL MASTER`) and the answer with the highest config-epoch wins, as in the backend,
+//! then it is a [`RedisAdmin`] on that master.
 
 use crate::admin::{Admin, AdminError, ForceReleased, Listing, LockInfo, RedisAdmin, Watching};
 use crate::backend::BoxFuture;
@@ -15,7 +14,7 @@ pub struct SentinelAdmin {
 }
 
 impl SentinelAdmin {
-    /// Asks the sentinels at `sentinel_urls` (in order) for the master `master_name` and connects
+    /// Asks the sentinels at `sentinel_urls` (all at once; the highest config-epoch wins) for the master `master_name` and connects
     /// to it with `master_auth` (`(user, password)`; the sentinels' URLs carry their own
     /// credentials) and database `db`.
     pub async fn connect<I, S>(
@@ -28,33 +27,32 @@ impl SentinelAdmin {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
+        // Every sentinel at once, and the answer with the highest config-epoch: a sentinel that
+        // missed a failover still names the old master (the backend's own rule).
         let mut errs = Vec::new();
-        let mut addr = None;
+        let mut asks = Vec::new();
         for url in sentinel_urls {
             let url = url.as_ref();
             let shown = redact_url(url);
-            let r = tokio::time::timeout(Duration::from_secs(2), async {
-                let client = redis::Client::open(url)?;
-                let mut con = client.get_multiplexed_async_connection().await?;
-                redis::cmd("SENTINEL")
-                    .arg("get-master-addr-by-name")
-                    .arg(master_name)
-                    .query_async::<Option<(String, u16)>>(&mut con)
-                    .await
-            })
-            .await;
-            match r {
-                Ok(Ok(Some(a))) => {
-                    addr = Some(a);
-                    break;
-                }
-                Ok(Ok(None)) => errs.push(format!(
-                    "sentinel {shown} does not know a master named {master_name:?}"
-                )),
-                Ok(Err(e)) => errs.push(format!("sentinel {shown}: {e}")),
-                Err(_) => errs.push(format!("sentinel {shown}: no answer within 2 s")),
+            match redis::Client::open(url) {
+                Ok(c) => asks.push((shown, c)),
+                Err(e) => errs.push(format!("sentinel {shown}: {e}")),
             }
         }
+        let answers = futures_util::future::join_all(
+            asks.iter()
+                .map(|(_, c)| super::ask_sentinel(c, master_name)),
+        )
+        .await;
+        let mut best: Option<super::Named> = None;
+        for ((shown, _), a) in asks.iter().zip(answers) {
+            match a {
+                Ok(n) if best.as_ref().is_none_or(|b| n.epoch > b.epoch) => best = Some(n),
+                Ok(_) => {}
+                Err(e) => errs.push(format!("sentinel {shown}: {e}")),
+            }
+        }
+        let addr = best.map(|n| n.addr);
         let Some((host, port)) = addr else {
             return Err(AdminError::connect(format!(
                 "no sentinel named the master {master_name:?}: {}",
