@@ -1355,7 +1355,11 @@ async fn tokens_are_at_least_client_micros_and_increase_across_holders_handoffs_
         last = t;
     }
     // A hand-off: a contender on another backend queues, then gets the name on the release.
-    let holder = Lock::new("fence").with_backend(b.clone()).acquire().await.unwrap();
+    let holder = Lock::new("fence")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
     assert!(holder.fencing_token() > last);
     last = holder.fencing_token();
     let waiter = {

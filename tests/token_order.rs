@@ -114,7 +114,11 @@ async fn run(engine: &str, clients: Vec<Arc<dyn Backend>>, mut faults: Box<dyn F
             .bytes()
             .fold(seed, |h, b| h.rotate_left(7) ^ u64::from(b)),
     );
-    let tag = format!("prop:{}:{:x}", std::process::id(), rng.next_u64() & 0xffff_ffff);
+    let tag = format!(
+        "prop:{}:{:x}",
+        std::process::id(),
+        rng.next_u64() & 0xffff_ffff
+    );
     let names = [format!("{tag}:a"), format!("{tag}:b")];
     let mut held: Vec<(usize, LockGuard)> = Vec::new();
     let mut check = Checker::default();
@@ -152,7 +156,10 @@ async fn run(engine: &str, clients: Vec<Arc<dyn Backend>>, mut faults: Box<dyn F
             .unwrap_or_else(|_| panic!("seed {seed} step {step}: an acquire hung"));
             match r {
                 Ok(g) => {
-                    log.push(format!("{step}: c{c} got {name} token {}", g.fencing_token()));
+                    log.push(format!(
+                        "{step}: c{c} got {name} token {}",
+                        g.fencing_token()
+                    ));
                     check.granted(step, name, g.fencing_token());
                     held.push((name, g));
                     if held.len() > 2 {
@@ -463,8 +470,8 @@ async fn prop_pg_advisory() {
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floor_postgres() {
-    let b = common::sql::pg_backend(&common::sql::pg_url(), &common::sql::unique_table("tokf"))
-        .await;
+    let b =
+        common::sql::pg_backend(&common::sql::pg_url(), &common::sql::unique_table("tokf")).await;
     floor("postgres", Arc::new(b)).await;
 }
 
@@ -519,8 +526,8 @@ async fn prop_mysql() {
 #[cfg(feature = "mysql")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn floor_mysql() {
-    let b = common::sql::my_backend(&common::sql::my_url(), &common::sql::unique_table("tokf"))
-        .await;
+    let b =
+        common::sql::my_backend(&common::sql::my_url(), &common::sql::unique_table("tokf")).await;
     floor("mysql", Arc::new(b)).await;
 }
 

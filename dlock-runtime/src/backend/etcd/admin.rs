@@ -290,9 +290,7 @@ impl EtcdAdmin {
             TxnOp::get(self.fence_key(name), None),
         ]);
         let mut c = self.client.clone();
-        let r = self
-            .call(&format!("reading {name}"), c.txn(txn))
-            .await?;
+        let r = self.call(&format!("reading {name}"), c.txn(txn)).await?;
         let ops = r.op_responses();
         let get = |i: usize| match ops.get(i) {
             Some(etcd::TxnOpResponse::Get(g)) => Some(g.clone()),
