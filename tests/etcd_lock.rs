@@ -1354,6 +1354,17 @@ async fn tokens_are_at_least_client_micros_and_increase_across_holders_handoffs_
         assert!(t > last, "grant {i}: token {t} after {last}");
         last = t;
     }
+    // An uncontended grant writes its fence in the create's own transaction: acquire + release
+    // is still two requests (the create and the delete).
+    let before = b.requests();
+    let t = grant_once(&b, "fence").await;
+    assert!(t > last, "token {t} after {last}");
+    last = t;
+    assert_eq!(
+        b.requests() - before,
+        2,
+        "requests for an uncontended acquire + release"
+    );
     // A hand-off: a contender on another backend queues, then gets the name on the release.
     let holder = Lock::new("fence")
         .with_backend(b.clone())

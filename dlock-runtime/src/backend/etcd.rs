@@ -18,8 +18,14 @@
 //!   the lease here at once, and every hold on it hears `lost()` through `lost_signal`.
 //! - `try_acquire` creates the caller's key in one transaction: if absent, put it under the
 //!   lease and read the two newest keys of the name (its own and its predecessor). Alone: the
-//!   lock is granted, with the key's **create revision as fencing token** (etcd's global
-//!   revision: strictly increasing across all holders of every name). Otherwise the contender
+//!   lock is granted. Its **fencing token** is `max(last + 1, client µs)` (issue 18's token
+//!   rule), `last` kept in the name's fence key (`<prefix>/.fence/<escaped name>`, on no lease),
+//!   written before the guard is returned: by a transaction nested in the create when the name
+//!   had no key and the fence is below the floor (no extra request), else by one more
+//!   transaction comparing the fence's mod revision (see [`Inner::write_fence`]). Only a grant
+//!   writes the fence, so tokens strictly increase per name across holders and restarts; the
+//!   floor, the client's clock (etcd's API has no server clock), matters only when a name moves
+//!   between engines. Otherwise the contender
 //!   stays queued and watches **its predecessor only** (the key with the largest create revision
 //!   below its own, as etcd's `concurrency.Mutex` does): one notification per release. The next
 //!   try re-checks in one read-only transaction (own key still there? predecessor left?).
@@ -1375,7 +1381,7 @@ impl Inner {
         let bound = self.bound(ttl);
         if lease_secs(ttl) > lease.secs {
             // A longer lease than the key has: move the key to a lease of the new ttl (its
-            // create revision, the fencing token, stays).
+            // create revision, so its place, stays; the token is the guard's).
             return self.move_to_longer_lease(&hk, key, rev, lease, ttl).await;
         }
         let id = lease.id;
