@@ -42,8 +42,10 @@
 //! body), `--mode dlock|noexclude|norenew|noreturn` (the latter three are deliberately broken
 //! locks for the checker's self-test; `noreturn` never gives a hold back, so the name is
 //! orphaned), `--give-back-ms` (the engine's stated give-back bound; the orphan check allows the
-//! larger of it and ttl + 2 s), `--dir` (logs; default a fresh directory under the temp dir), `--seed`,
-//! `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
+//! larger of it and ttl + 2 s), `--clock-offsets-ms A,B,..` (Redis, Redlock, Sentinel: lock
+//! server `i` runs with its wall clock off by entry `i % len` ms, through the `LD_PRELOAD` shim
+//! `tests/common/clockstep.c`, built with `cc`; the checker's token-order count must stay 0),
+//! `--dir` (logs; default a fresh directory under the temp dir), `--seed`, `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,
 //! an orphan (the name held by nobody for longer than the give-back bound while workers wanted
@@ -106,6 +108,16 @@ fn main() {
             "--quiet" => cfg.verbose = false,
             "--zookeeper" => cfg.zookeeper = true,
             "--give-back-ms" => cfg.give_back_ms = num(&val()) as u64,
+            "--clock-offsets-ms" => {
+                cfg.clock_offsets_ms = val()
+                    .split(',')
+                    .map(|v| {
+                        v.trim()
+                            .parse()
+                            .unwrap_or_else(|_| usage("--clock-offsets-ms"))
+                    })
+                    .collect()
+            }
             "--check" => check_only = Some(PathBuf::from(val())),
             "-h" | "--help" => usage(""),
             other => usage(&format!("unknown argument {other}")),
@@ -210,7 +222,7 @@ fn usage(msg: &str) -> ! {
     }
     eprintln!(
         "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
-         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
+         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
 }

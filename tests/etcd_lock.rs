@@ -39,6 +39,22 @@ fn child_process_entry() {
             .build()
             .await
             .unwrap();
+        if mode == "tokens" {
+            // Takes and releases `fence` three times; says each token and its own wall clock.
+            let b = Arc::new(b);
+            for _ in 0..3 {
+                let g = Lock::new("fence")
+                    .with_backend(b.clone())
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+                    .unwrap();
+                let (t, at) = (g.fencing_token(), now_micros());
+                g.release().await.unwrap();
+                child_say(format!("token {t} at {at}"));
+            }
+            return;
+        }
         // Takes `crash` (ttl 2 s, watchdog on) and says so; then, in mode "hold-report-lost",
         // reports when its lost signal fires (measured from its own clock).
         let g = Lock::new("crash")
@@ -135,11 +151,12 @@ async fn sixteen_contenders_one_notification_per_release_in_arrival_order() {
             "contender {i} was notified once"
         );
     }
-    // After the holder's release: per contender one re-check and one delete (no polling).
+    // After the holder's release: per contender one re-check, one fence write (the grant's
+    // token, issue 18's token rule) and one delete (no polling).
     let after: u64 = backends.iter().map(|b| b.requests()).sum::<u64>() - requests_before;
     assert!(
-        after <= 16 * 2,
-        "{after} requests for 16 hand-offs (expected 2 per contender)"
+        after <= 16 * 3,
+        "{after} requests for 16 hand-offs (expected 3 per contender)"
     );
     assert!(common::etcd::keys_under_root(&cluster).await.is_empty());
 }
@@ -1292,4 +1309,141 @@ async fn the_first_guard_deadline_never_outlives_the_shared_lease_on_the_server(
     assert!(gb.fencing_token() > g.fencing_token());
     gb.release().await.unwrap();
     proxy.set_mode(Mode::Pass);
+}
+
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros() as u64
+}
+
+/// Takes and releases `name` once; its token, checked against the client's clock around it
+/// (the floor: at least the client's µs when the try was sent).
+async fn grant_once(b: &Arc<dlock::EtcdBackend>, name: &str) -> u64 {
+    let before = now_micros();
+    let g = Lock::new(name)
+        .with_backend(b.clone())
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    let t = g.fencing_token();
+    g.release().await.unwrap();
+    assert!(
+        t >= before,
+        "token {t} below the client's µs {before} at the try (the token floor)"
+    );
+    t
+}
+
+/// Issue 18's token rule on etcd: a grant's token is `max(last + 1, client µs)`, `last` kept on
+/// the server in the name's fence key. Tokens are at least the client's µs (so a fenced
+/// resource moved from Redis or MySQL, whose tokens are server µs, keeps accepting writes;
+/// before the fix they were create revisions, a few hundred), strictly increasing across
+/// holders, hand-offs to a queued contender (the fence written after the re-check), and a
+/// restart of the whole (single-member) cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_at_least_client_micros_and_increase_across_holders_handoffs_and_a_restart() {
+    let mut cluster = start(1).await;
+    let b = Arc::new(etcd_backend(&cluster).await);
+    let b2 = Arc::new(etcd_backend(&cluster).await);
+    let mut last = 0;
+    for i in 0..5 {
+        let t = grant_once(if i % 2 == 0 { &b } else { &b2 }, "fence").await;
+        assert!(t > last, "grant {i}: token {t} after {last}");
+        last = t;
+    }
+    // An uncontended grant writes its fence in the create's own transaction: acquire + release
+    // is still two requests (the create and the delete).
+    let before = b.requests();
+    let t = grant_once(&b, "fence").await;
+    assert!(t > last, "token {t} after {last}");
+    last = t;
+    assert_eq!(
+        b.requests() - before,
+        2,
+        "requests for an uncontended acquire + release"
+    );
+    // A hand-off: a contender on another backend queues, then gets the name on the release.
+    let holder = Lock::new("fence")
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .unwrap();
+    assert!(holder.fencing_token() > last);
+    last = holder.fencing_token();
+    let waiter = {
+        let b2 = b2.clone();
+        tokio::spawn(async move {
+            let g = Lock::new("fence")
+                .with_backend(b2)
+                .wait(Duration::from_secs(10))
+                .acquire()
+                .await
+                .unwrap();
+            let t = g.fencing_token();
+            g.release().await.unwrap();
+            t
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release().await.unwrap();
+    let t = waiter.await.unwrap();
+    assert!(t > last, "hand-off: token {t} after {last}");
+    last = t;
+    // The whole cluster restarts (its data dir kept): the fence key survives.
+    drop((b, b2));
+    let cluster = tokio::task::spawn_blocking(move || {
+        cluster.restart(0);
+        cluster
+    })
+    .await
+    .unwrap();
+    let b = Arc::new(etcd_backend(&cluster).await);
+    let t = grant_once(&b, "fence").await;
+    assert!(t > last, "after the restart: token {t} after {last}");
+}
+
+/// A client whose wall clock is an hour behind (libfaketime in a child process) gets tokens
+/// larger than the ones granted before it by a client with the right clock (its floor is
+/// lower, so `last + 1` decides), and the next grant by the right clock is larger again. A
+/// token taken from the client's clock alone would go back an hour here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_an_hour_behind_still_gets_larger_tokens_than_earlier_grants() {
+    let lib = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+    assert!(
+        std::path::Path::new(lib).exists(),
+        "{lib} missing: run scripts/test (it installs Debian's libfaketime)"
+    );
+    let cluster = start(1).await;
+    let b = Arc::new(etcd_backend(&cluster).await);
+    let mut last = grant_once(&b, "fence").await;
+    let mut child = spawn_self(
+        CHILD_ENTRY,
+        "tokens",
+        &[
+            ("DLOCK_ETCD", cluster.endpoints().join(",")),
+            ("LD_PRELOAD", lib.to_string()),
+            ("FAKETIME", "-1h".to_string()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1".to_string()),
+        ],
+    );
+    for i in 0..3 {
+        let line = tokio::task::block_in_place(|| child.expect_line(Duration::from_secs(30)));
+        let (t, at) = line
+            .strip_prefix("token ")
+            .and_then(|l| l.split_once(" at "))
+            .unwrap_or_else(|| panic!("unexpected child line {line:?}"));
+        let (t, at): (u64, u64) = (t.parse().unwrap(), at.parse().unwrap());
+        assert!(
+            now_micros() - at > 3_000_000_000,
+            "the child's clock is not behind (libfaketime not in effect): {at}"
+        );
+        assert!(t > last, "child grant {i}: token {t} after {last}");
+        last = t;
+    }
+    child.kill();
+    let t = grant_once(&b, "fence").await;
+    assert!(t > last, "after the child: token {t} after {last}");
 }

@@ -117,6 +117,31 @@ fn torture_short_run_with_nemesis() {
     cleanup(&c.dir);
 }
 
+/// Issue 18: Redlock over three nodes whose wall clocks differ by tens of ms (the clock shim,
+/// `--clock-offsets-ms 0,60,-60`), with the nemesis on: tokens still strictly increase in grant
+/// order (the checker's token-order count is 0) and never repeat. Fails until the Redlock
+/// helper's token write-back (the chosen token written to a quorum before the guard is
+/// returned) is merged: a grant decided on another quorum took a smaller node clock's token.
+#[test]
+fn torture_redlock_with_per_node_clock_offsets_keeps_token_order() {
+    let mut c = cfg("redlock-clocks");
+    c.engine = harness::Engine::Redlock;
+    c.clock_offsets_ms = vec![0, 60, -60];
+    c.secs = 20.0;
+    let r = run(&c);
+    let rep = &r.report;
+    assert_eq!(r.hung, 0, "workers hung");
+    assert_eq!(r.crashed, 0, "workers crashed");
+    assert!(
+        rep.acquisitions >= 500,
+        "too few acquisitions: {}",
+        rep.acquisitions
+    );
+    assert_eq!(rep.token_order_violations, 0, "token order violations");
+    assert_eq!(rep.token_duplicates, 0, "duplicate tokens");
+    cleanup(&c.dir);
+}
+
 /// A2-style: no faults, ttl 5 s: not a single overlap, lost update or token violation.
 #[test]
 fn torture_without_nemesis_has_no_overlap() {

@@ -193,6 +193,28 @@ pub(crate) fn redis_cmd(port: u16, args: &[&str], timeout: Duration) -> io::Resu
     read_resp(&mut BufReader::new(s))
 }
 
+/// Builds `tests/common/clockstep.c` into `dir` (once per directory).
+fn clock_shim(dir: &Path) -> io::Result<PathBuf> {
+    let lib = dir.join("libclockstep.so");
+    if lib.exists() {
+        return Ok(lib);
+    }
+    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/clockstep.c");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(src)
+        .output()
+        .map_err(|e| io::Error::other(format!("cc (needed for the clock shim): {e}")))?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!(
+            "cc {src}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    Ok(lib)
+}
+
 /// A private redis-server on a free 127.0.0.1 port, without persistence, with `DEBUG` allowed
 /// from loopback. Killed and reaped on drop; dies with the spawning thread.
 #[derive(Debug)]
@@ -202,8 +224,8 @@ pub(crate) struct RedisServer {
     child: Option<Child>,
     /// Extra arguments (`--replicaof ...` for a Sentinel replica).
     extra: Vec<String>,
-    /// Extra environment (the clock shim of the Redlock nodes), kept across restarts.
-    envs: Vec<(String, String)>,
+    /// Extra environment (the clock shim's `LD_PRELOAD`, see [`RedisServer::clock_offset`]).
+    env: Vec<(String, String)>,
 }
 
 impl RedisServer {
@@ -212,15 +234,6 @@ impl RedisServer {
     }
 
     pub(crate) fn start_with(dir: &Path, extra: &[String]) -> io::Result<RedisServer> {
-        Self::start_with_env(dir, extra, &[])
-    }
-
-    /// [`RedisServer::start_with`] with extra environment variables for the server process.
-    pub(crate) fn start_with_env(
-        dir: &Path,
-        extra: &[String],
-        envs: &[(String, String)],
-    ) -> io::Result<RedisServer> {
         std::fs::create_dir_all(dir)?;
         let mut last = None;
         for _ in 0..5 {
@@ -229,7 +242,7 @@ impl RedisServer {
                 dir: dir.to_path_buf(),
                 child: None,
                 extra: extra.to_vec(),
-                envs: envs.to_vec(),
+                env: Vec::new(),
             };
             match s.spawn() {
                 Ok(()) => return Ok(s),
@@ -241,6 +254,24 @@ impl RedisServer {
 
     pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Restarts the server with its wall clock `ms` off real time (`tests/common/clockstep.c`,
+    /// an `LD_PRELOAD` shim built here with `cc`; monotonic clocks are not touched), kept
+    /// across the nemesis's restarts. 0: no shim.
+    pub(crate) fn clock_offset(&mut self, ms: i64) -> io::Result<()> {
+        if ms == 0 {
+            return Ok(());
+        }
+        let lib = clock_shim(&self.dir)?;
+        let file = self.dir.join(format!("clock-offset-{}", self.port));
+        std::fs::write(&file, (ms * 1_000_000).to_ne_bytes())?;
+        self.env = vec![
+            ("LD_PRELOAD".into(), lib.display().to_string()),
+            ("DLOCK_CLOCK_OFFSET_FILE".into(), file.display().to_string()),
+        ];
+        self.kill();
+        self.spawn()
     }
 
     fn spawn(&mut self) -> io::Result<()> {
@@ -258,7 +289,7 @@ impl RedisServer {
         ])
         .args(["--enable-debug-command", "local", "--logfile", ""])
         .args(&self.extra)
-        .envs(self.envs.iter().map(|(k, v)| (k, v)))
+        .envs(self.env.iter().map(|(k, v)| (k, v)))
         .arg("--dir")
         .arg(&self.dir)
         .stdin(Stdio::null())
@@ -938,9 +969,21 @@ pub(crate) struct RunCfg {
     /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
     /// orphan check uses the larger of the two.
     pub(crate) give_back_ms: u64,
+    /// Wall-clock offsets (ms) of the lock servers of the Redis-family engines started here
+    /// (Redis, Redlock's nodes, Sentinel's master and replica): server `i` gets entry
+    /// `i % len` (`--clock-offsets-ms 0,40,-40`). Empty: the host's clock.
+    pub(crate) clock_offsets_ms: Vec<i64>,
 }
 
 impl RunCfg {
+    /// The clock offset of lock server `i` (see [`RunCfg::clock_offsets_ms`]).
+    pub(crate) fn clock_offset_ms(&self, i: usize) -> i64 {
+        match self.clock_offsets_ms.len() {
+            0 => 0,
+            n => self.clock_offsets_ms[i % n],
+        }
+    }
+
     /// H1's shape: 4 × 4, ttl 1 s, nemesis on.
     pub(crate) fn new(dir: PathBuf) -> RunCfg {
         RunCfg {
@@ -958,6 +1001,7 @@ impl RunCfg {
             verbose: false,
             zookeeper: false,
             give_back_ms: 0,
+            clock_offsets_ms: Vec::new(),
         }
     }
 }
@@ -1842,26 +1886,6 @@ type Engineset = (
 );
 
 /// Starts the lock servers of `cfg.engine` and says what workers connect to.
-/// Builds the wall-clock shim (`tests/common/clockstep.c`) into `dir` with `cc`.
-fn clock_shim(dir: &Path) -> io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
-    let lib = dir.join("libclockstep.so");
-    let src = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/common/clockstep.c");
-    let out = Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(src)
-        .output()
-        .map_err(|e| io::Error::new(e.kind(), format!("cc (builds the clock shim): {e}")))?;
-    if !out.status.success() {
-        return Err(io::Error::other(format!(
-            "cc {src}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )));
-    }
-    Ok(lib)
-}
-
 fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
     Ok(match cfg.engine {
         // Started by `start_store`.
@@ -1869,43 +1893,27 @@ fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
             (Vec::new(), Vec::new(), None, String::new())
         }
         Engine::Redis => {
-            let srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
+            let mut srv = RedisServer::start(&cfg.dir.join("redis-lock"))?;
+            srv.clock_offset(cfg.clock_offset_ms(0))?;
             let proxy = proxy::Proxy::start(srv.port);
             let url = proxy.url();
             (vec![srv], Vec::new(), Some(proxy), url)
         }
         Engine::Redlock => {
-            // Each node's wall clock at its own constant offset (-250 ms, 0, +250 ms), through
-            // the LD_PRELOAD shim of tests/common/clockstep.c, so that grants decided on
-            // different quorums meet different clocks (tokens must still increase: the
-            // checker's token order). With ±50 ms a 45 s run found no backward token even
-            // without Redlock's token write-back; with ±250 ms it found 836 in 40 s.
-            // In a directory of its own: the checker reads every file of the log directory.
-            let shim = clock_shim(&cfg.dir.join("clock-shim"))?;
-            let nodes = [-250i64, 0, 250]
-                .iter()
-                .enumerate()
-                .map(|(i, &off_ms)| {
-                    let dir = cfg.dir.join(format!("redis-node{i}"));
-                    std::fs::create_dir_all(&dir)?;
-                    let file = dir.join("clock-offset");
-                    std::fs::write(&file, (off_ms * 1_000_000).to_ne_bytes())?;
-                    let envs = [
-                        ("LD_PRELOAD".to_string(), shim.display().to_string()),
-                        (
-                            "DLOCK_CLOCK_OFFSET_FILE".to_string(),
-                            file.display().to_string(),
-                        ),
-                    ];
-                    RedisServer::start_with_env(&dir, &[], &envs)
+            let nodes = (0..3)
+                .map(|i| {
+                    let mut n = RedisServer::start(&cfg.dir.join(format!("redis-node{i}")))?;
+                    n.clock_offset(cfg.clock_offset_ms(i))?;
+                    Ok(n)
                 })
                 .collect::<io::Result<Vec<_>>>()?;
             let urls = nodes.iter().map(|n| n.url()).collect::<Vec<_>>().join(",");
             (nodes, Vec::new(), None, urls)
         }
         Engine::Sentinel => {
-            let master = RedisServer::start(&cfg.dir.join("redis-master"))?;
-            let replica = RedisServer::start_with(
+            let mut master = RedisServer::start(&cfg.dir.join("redis-master"))?;
+            master.clock_offset(cfg.clock_offset_ms(0))?;
+            let mut replica = RedisServer::start_with(
                 &cfg.dir.join("redis-replica"),
                 &[
                     "--replicaof".into(),
@@ -1913,6 +1921,7 @@ fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
                     master.port.to_string(),
                 ],
             )?;
+            replica.clock_offset(cfg.clock_offset_ms(1))?;
             let sentinels = (0..3)
                 .map(|i| SentinelServer::start(&cfg.dir.join(format!("sentinel{i}")), master.port))
                 .collect::<io::Result<Vec<_>>>()?;

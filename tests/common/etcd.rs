@@ -341,8 +341,9 @@ pub async fn admin(cluster: &EtcdCluster) -> dlock::etcd_client::Client {
 }
 
 /// Every lock key under `/dlock/`: not the backend's own bookkeeping (cancel markers under
-/// `/dlock/.cancelled/`, which stay until their lease ends, and lease sentinels under
-/// `/dlock/.leases/`).
+/// `/dlock/.cancelled/`, which stay until their lease ends, lease sentinels under
+/// `/dlock/.leases/`, and the names' fence keys under `/dlock/.fence/`, which keep each name's
+/// last token for good).
 pub async fn keys_under_root(cluster: &EtcdCluster) -> Vec<String> {
     let mut c = admin(cluster).await;
     let r = c
@@ -355,7 +356,11 @@ pub async fn keys_under_root(cluster: &EtcdCluster) -> Vec<String> {
     r.kvs()
         .iter()
         .map(|kv| String::from_utf8_lossy(kv.key()).into_owned())
-        .filter(|k| !k.starts_with("/dlock/.cancelled/") && !k.starts_with("/dlock/.leases/"))
+        .filter(|k| {
+            !k.starts_with("/dlock/.cancelled/")
+                && !k.starts_with("/dlock/.leases/")
+                && !k.starts_with("/dlock/.fence/")
+        })
         .collect()
 }
 

@@ -18,8 +18,14 @@
 //!   the lease here at once, and every hold on it hears `lost()` through `lost_signal`.
 //! - `try_acquire` creates the caller's key in one transaction: if absent, put it under the
 //!   lease and read the two newest keys of the name (its own and its predecessor). Alone: the
-//!   lock is granted, with the key's **create revision as fencing token** (etcd's global
-//!   revision: strictly increasing across all holders of every name). Otherwise the contender
+//!   lock is granted. Its **fencing token** is `max(last + 1, client µs)` (issue 18's token
+//!   rule), `last` kept in the name's fence key (`<prefix>/.fence/<escaped name>`, on no lease),
+//!   written before the guard is returned: by a transaction nested in the create when the name
+//!   had no key and the fence is below the floor (no extra request), else by one more
+//!   transaction comparing the fence's mod revision (see [`Inner::write_fence`]). Only a grant
+//!   writes the fence, so tokens strictly increase per name across holders and restarts; the
+//!   floor, the client's clock (etcd's API has no server clock), matters only when a name moves
+//!   between engines. Otherwise the contender
 //!   stays queued and watches **its predecessor only** (the key with the largest create revision
 //!   below its own, as etcd's `concurrency.Mutex` does): one notification per release. The next
 //!   try re-checks in one read-only transaction (own key still there? predecessor left?).
@@ -309,6 +315,8 @@ struct Hold {
     lease: Arc<Lease>,
     /// Create revision of the key (0 while the create's reply is unknown).
     rev: i64,
+    /// The fencing token of the grant (0 until granted).
+    token: u64,
     held: bool,
     count: u32,
     /// The armed watch on the predecessor.
@@ -853,7 +861,7 @@ impl Inner {
         };
         // `refreshed`: the keep-alive sent with the try when the lease's last confirmation does
         // not cover `sent + ttl` (None: not needed).
-        let (key, rev, lease, pred, header_rev, refreshed) = match existing {
+        let (key, rev, lease, pred, header_rev, refreshed, fence) = match existing {
             Some((key, rev, held, lease)) if rev > 0 && !lease.dead.load(Ordering::Acquire) => {
                 // Known key: a re-entry, or a queued contender re-checking.
                 let txn = Txn::new().and_then([
@@ -869,6 +877,8 @@ impl Inner {
                                 .with_keys_only(),
                         ),
                     ),
+                    // The name's last token, for a grant (see `write_fence`).
+                    TxnOp::get(self.fence_key(name), None),
                 ]);
                 let recheck = self.call_idem(name, bound, |mut c| {
                     let t = txn.clone();
@@ -901,7 +911,7 @@ impl Inner {
                     let h = holds.get_mut(&hk).expect("present");
                     h.count = h.count.saturating_add(1);
                     return Ok(Acquired::Granted {
-                        token: rev as u64,
+                        token: h.token,
                         count: h.count,
                     });
                 }
@@ -909,7 +919,8 @@ impl Inner {
                     .first()
                     .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
                 let hr = r.header().map_or(0, |h| h.revision());
-                (key, rev, lease, pred, hr, refreshed)
+                let fence = Fence::Read(fence_of(range_kvs(ops.get(2)).first()));
+                (key, rev, lease, pred, hr, refreshed, fence)
             }
             other => {
                 if other.is_some() {
@@ -933,11 +944,13 @@ impl Inner {
                         key: key.clone(),
                         lease: lease.clone(),
                         rev: 0,
+                        token: 0,
                         held: false,
                         count: 0,
                         watching: None,
                     },
                 );
+                let floor = now_micros();
                 let txn = Txn::new()
                     .when([
                         Compare::create_revision(key.clone(), CompareOp::Equal, 0),
@@ -951,7 +964,7 @@ impl Inner {
                             Some(PutOptions::new().with_lease(lease.id)),
                         ),
                         TxnOp::get(
-                            prefix,
+                            prefix.clone(),
                             Some(
                                 GetOptions::new()
                                     .with_prefix()
@@ -960,6 +973,7 @@ impl Inner {
                                     .with_keys_only(),
                             ),
                         ),
+                        TxnOp::txn(self.fence_on_first_create(name, &prefix, floor)),
                     ]);
                 let create = self.call(name, bound, |mut c| {
                     let t = txn.clone();
@@ -1005,6 +1019,7 @@ impl Inner {
                     .iter()
                     .find(|kv| kv.create_revision() < rev)
                     .map(|kv| String::from_utf8_lossy(kv.key()).into_owned());
+                let fence = first_create_fence(ops.get(2), floor);
                 if let Some(h) = self.holds().get_mut(&hk) {
                     h.rev = rev;
                 }
@@ -1018,7 +1033,7 @@ impl Inner {
                     return Ok(Acquired::Busy { remaining: None });
                 }
                 let hr = r.header().map_or(rev, |h| h.revision());
-                (key, rev, lease, pred, hr, refreshed)
+                (key, rev, lease, pred, hr, refreshed, fence)
             }
         };
         let _ = (&key, &lease);
@@ -1031,6 +1046,20 @@ impl Inner {
             return Err(e);
         }
         let Some(pred) = pred else {
+            // Alone: the grant's token is written to the name's fence key before the guard
+            // is returned (in the create's own transaction when it could be; see `Fence`).
+            let token = match fence {
+                Fence::Written(t) => t,
+                Fence::Read(last) => match self.write_fence(name, &key, rev, last, bound).await {
+                    Ok(t) => t,
+                    Err(e) => {
+                        // Not granted: the key is given back (a fence bumped without a grant
+                        // only skips a value).
+                        self.abandon(&hk).await;
+                        return Err(e);
+                    }
+                },
+            };
             let mut holds = self.holds();
             let Some(h) = holds.get_mut(&hk) else {
                 // Given up meanwhile (the release ran first): not granted.
@@ -1041,10 +1070,8 @@ impl Inner {
             }
             h.held = true;
             h.count = 1;
-            return Ok(Acquired::Granted {
-                token: rev as u64,
-                count: 1,
-            });
+            h.token = token;
+            return Ok(Acquired::Granted { token, count: 1 });
         };
         // Queued: watch the predecessor only (again only when it changed: it gave up).
         let armed = self
@@ -1138,6 +1165,83 @@ impl Inner {
         };
         let key = self.start_delete(h, &hk.0, &hk.1);
         let _ = self.delete_on_driver(key, None).await;
+    }
+
+    /// The name's fence key, `<prefix>/.fence/<escaped name>` (outside every name's range:
+    /// escaped names never start with `.`): the last token granted for the name, as 20
+    /// zero-padded decimal digits (so that etcd's byte-wise value compare is numeric), on no
+    /// lease, so that it outlives every holder and a restart of the cluster.
+    fn fence_key(&self, name: &str) -> String {
+        format!("{}/.fence/{}", self.cfg.prefix, escape(name))
+    }
+
+    /// The fence write folded into a first create's transaction (nested, so its compares see
+    /// the store before the create): when the name had no key (so the create is alone, a
+    /// grant) and the fence is absent or below `floor`, the fence becomes `floor`, the grant's
+    /// token; otherwise it is read, and [`Inner::write_fence`] writes `max(last + 1, floor)`.
+    fn fence_on_first_create(&self, name: &str, prefix: &str, floor: u64) -> Txn {
+        let fence = self.fence_key(name);
+        let value = fence_value(floor);
+        let empty = || Compare::create_revision(prefix, CompareOp::Equal, 0).with_prefix();
+        let below = Txn::new()
+            .when([
+                empty(),
+                Compare::value(fence.clone(), CompareOp::Less, value.clone()),
+            ])
+            .and_then([TxnOp::put(fence.clone(), value.clone(), None)])
+            .or_else([TxnOp::get(fence.clone(), None)]);
+        Txn::new()
+            .when([
+                empty(),
+                Compare::create_revision(fence.clone(), CompareOp::Equal, 0),
+            ])
+            .and_then([TxnOp::put(fence, value, None)])
+            .or_else([TxnOp::txn(below)])
+    }
+
+    /// Writes a grant's token, `max(last + 1, client µs)`, to the name's fence key, comparing
+    /// the fence's mod revision with the one read (and the key's create revision with the
+    /// grant's, so a key that is gone grants nothing). Only a holder writes the fence, so the
+    /// compare fails only when a former holder's write landed between the read and this one;
+    /// then it is read again (a few times at most). Not re-sent when its outcome is unknown
+    /// (the caller gives the key back; a fence bumped without a grant only skips a value).
+    async fn write_fence(
+        &self,
+        name: &str,
+        key: &str,
+        rev: i64,
+        mut last: (u64, i64),
+        bound: Duration,
+    ) -> Result<u64, LockError> {
+        let fence = self.fence_key(name);
+        for _ in 0..4 {
+            let token = (last.0 + 1).max(now_micros());
+            let txn = Txn::new()
+                .when([
+                    Compare::create_revision(key, CompareOp::Equal, rev),
+                    Compare::mod_revision(fence.clone(), CompareOp::Equal, last.1),
+                ])
+                .and_then([TxnOp::put(fence.clone(), fence_value(token), None)])
+                .or_else([
+                    TxnOp::get(fence.clone(), None),
+                    TxnOp::get(key, Some(GetOptions::new().with_count_only())),
+                ]);
+            let r = self
+                .call(name, bound, |mut c| {
+                    let t = txn.clone();
+                    async move { c.txn(t).await }
+                })
+                .await?;
+            if r.succeeded() {
+                return Ok(token);
+            }
+            let ops = r.op_responses();
+            if !matches!(ops.get(1), Some(etcd::TxnOpResponse::Get(g)) if g.count() > 0) {
+                return Err(be(name, "etcd lock key vanished before its grant"));
+            }
+            last = fence_of(range_kvs(ops.first()).first());
+        }
+        Err(be(name, "etcd fence key kept changing"))
     }
 
     /// The sentinel key of a lease (`<prefix>/.leases/<id hex>`, on that lease): the server
@@ -1277,7 +1381,7 @@ impl Inner {
         let bound = self.bound(ttl);
         if lease_secs(ttl) > lease.secs {
             // A longer lease than the key has: move the key to a lease of the new ttl (its
-            // create revision, the fencing token, stays).
+            // create revision, so its place, stays; the token is the guard's).
             return self.move_to_longer_lease(&hk, key, rev, lease, ttl).await;
         }
         let id = lease.id;
@@ -1450,6 +1554,58 @@ fn range_kvs(op: Option<&etcd::TxnOpResponse>) -> Vec<etcd::KeyValue> {
         Some(etcd::TxnOpResponse::Get(g)) => g.kvs().to_vec(),
         _ => Vec::new(),
     }
+}
+
+/// The client's wall clock in µs since the Unix epoch: the floor of every token (etcd's API has
+/// no server clock). It matters only when a name moves between engines; the order within etcd
+/// comes from the fence key's `last + 1`.
+fn now_micros() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as u64)
+}
+
+/// A token as the fence key stores it: fixed-width decimal, so byte order is numeric order.
+fn fence_value(token: u64) -> String {
+    format!("{token:020}")
+}
+
+/// `(last token, mod revision)` of a fence key read (`(0, 0)`: absent; an unreadable value
+/// counts as 0, and the mod-revision compare still orders the write after it).
+fn fence_of(kv: Option<&etcd::KeyValue>) -> (u64, i64) {
+    kv.map_or((0, 0), |kv| {
+        let v = std::str::from_utf8(kv.value())
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        (v, kv.mod_revision())
+    })
+}
+
+/// What a grant knows of its fence.
+#[derive(Debug, Clone, Copy)]
+enum Fence {
+    /// Written in the create's transaction: this is the token.
+    Written(u64),
+    /// Read (last token, mod revision): [`Inner::write_fence`] writes the token.
+    Read((u64, i64)),
+}
+
+/// The outcome of [`Inner::fence_on_first_create`] in a create's reply.
+fn first_create_fence(op: Option<&etcd::TxnOpResponse>, floor: u64) -> Fence {
+    let Some(etcd::TxnOpResponse::Txn(t)) = op else {
+        return Fence::Read((0, 0));
+    };
+    if t.succeeded() {
+        return Fence::Written(floor);
+    }
+    let Some(etcd::TxnOpResponse::Txn(t)) = t.op_responses().first().cloned() else {
+        return Fence::Read((0, 0));
+    };
+    if t.succeeded() {
+        return Fence::Written(floor);
+    }
+    Fence::Read(fence_of(range_kvs(t.op_responses().first()).first()))
 }
 
 /// Waits for the predecessor's delete (or the end of the watch), then wakes this process's

@@ -1,7 +1,8 @@
 //! [`Admin`] for etcd: reads the contender keys under the prefix (`/dlock/<escaped name>/<lease
-//! hex>-<random hex>`, value = owner id, the lowest create revision holds and is the fencing
-//! token), force-releases by deleting the holder's key if its create revision is still the one
-//! shown (its successor's predecessor watch fires), and watches with one prefix watch.
+//! hex>-<random hex>`, value = owner id, the lowest create revision holds; its fencing token is
+//! the name's fence key, `/dlock/.fence/<escaped name>`, written at each grant),
+//! force-releases by deleting the holder's key if its create revision is still the one shown
+//! (its successor's predecessor watch fires), and watches with one prefix watch.
 //!
 //! The admin's client runs on the caller's runtime; every request is bounded by
 //! [`CALL_TIMEOUT`](crate::admin::CALL_TIMEOUT).
@@ -66,6 +67,8 @@ fn map(what: &str, e: &etcd::Error, secret: Option<&str>) -> AdminError {
 enum KeyKind {
     /// A contender key of this lock name.
     Contender(String),
+    /// The fence key of this lock name (its last token).
+    Fence(String),
     /// The backend's own bookkeeping (cancel markers under `<prefix>/.cancelled/`, lease
     /// sentinels under `<prefix>/.leases/`).
     Internal,
@@ -86,6 +89,12 @@ fn kind_of(prefix: &str, key: &[u8]) -> KeyKind {
     else {
         return KeyKind::Foreign;
     };
+    if let Some(e) = rest.strip_prefix(".fence/") {
+        return match unescape(e) {
+            Some(name) if !e.contains('/') => KeyKind::Fence(name),
+            _ => KeyKind::Foreign,
+        };
+    }
     if rest.starts_with(".cancelled/") || rest.starts_with(".leases/") {
         return KeyKind::Internal;
     }
@@ -208,6 +217,10 @@ impl EtcdAdmin {
         format!("{}/{}/", self.prefix, escape(name))
     }
 
+    fn fence_key(&self, name: &str) -> String {
+        format!("{}/.fence/{}", self.prefix, escape(name))
+    }
+
     /// Seconds left on a lease (`None`: no lease, gone, or not readable by this user).
     async fn lease_left(&self, lease: i64) -> Option<Duration> {
         if lease == 0 {
@@ -225,12 +238,17 @@ impl EtcdAdmin {
         &self,
         name: &str,
         holder: &etcd::KeyValue,
+        fence: Option<&etcd::KeyValue>,
         keys: u64,
         left: Option<Duration>,
     ) -> LockInfo {
         let mut info = LockInfo::new(name);
         info.holders = vec![Holder::new(owner_of(holder), 1)];
-        info.token = Some(holder.create_revision() as u64);
+        // The fence is the holder's token once its grant wrote it (at or after its key's
+        // create); before that (a grant in flight) the token is not known yet.
+        info.token = fence
+            .filter(|f| f.mod_revision() >= holder.create_revision())
+            .and_then(token_of);
         info.remaining = left;
         info.waiters = Some(keys.saturating_sub(1));
         info.waiters_are = "queued contenders";
@@ -248,26 +266,54 @@ impl EtcdAdmin {
                 ),
             ),
             ("lock prefix".into(), self.lock_prefix(name)),
+            (
+                "create revision".into(),
+                holder.create_revision().to_string(),
+            ),
         ];
         info
     }
 
-    /// Reads one lock in one request (the lowest create revision and the number of keys).
+    /// Reads one lock in one request (the lowest create revision, the number of keys, and the
+    /// fence).
     async fn read(&self, name: &str) -> Result<Option<LockInfo>, AdminError> {
-        let r = self
-            .get(
+        let txn = Txn::new().and_then([
+            TxnOp::get(
                 self.lock_prefix(name),
-                GetOptions::new()
-                    .with_prefix()
-                    .with_sort(SortTarget::Create, SortOrder::Ascend)
-                    .with_limit(1),
-            )
-            .await?;
-        let Some(holder) = r.kvs().first() else {
+                Some(
+                    GetOptions::new()
+                        .with_prefix()
+                        .with_sort(SortTarget::Create, SortOrder::Ascend)
+                        .with_limit(1),
+                ),
+            ),
+            TxnOp::get(self.fence_key(name), None),
+        ]);
+        let mut c = self.client.clone();
+        let r = self.call(&format!("reading {name}"), c.txn(txn)).await?;
+        let ops = r.op_responses();
+        let get = |i: usize| match ops.get(i) {
+            Some(etcd::TxnOpResponse::Get(g)) => Some(g.clone()),
+            _ => None,
+        };
+        let (Some(keys), fence) = (get(0), get(1)) else {
+            return Err(AdminError::server(format!(
+                "reading {name} on {}: a reply without its reads",
+                self.shown
+            )));
+        };
+        let Some(holder) = keys.kvs().first() else {
             return Ok(None);
         };
+        let fence = fence.as_ref().and_then(|f| f.kvs().first());
         let left = self.lease_left(holder.lease()).await;
-        Ok(Some(self.info(name, holder, r.count().max(1) as u64, left)))
+        Ok(Some(self.info(
+            name,
+            holder,
+            fence,
+            keys.count().max(1) as u64,
+            left,
+        )))
     }
 
     async fn listing(&self, prefix: &str) -> Result<Listing, AdminError> {
@@ -277,6 +323,20 @@ impl EtcdAdmin {
                 GetOptions::new().with_prefix(),
             )
             .await?;
+        let fences = self
+            .get(
+                format!("{}/.fence/{}", self.prefix, escape(prefix)),
+                GetOptions::new().with_prefix(),
+            )
+            .await?;
+        let fences: HashMap<String, &etcd::KeyValue> = fences
+            .kvs()
+            .iter()
+            .filter_map(|kv| match kind_of(&self.prefix, kv.key()) {
+                KeyKind::Fence(name) => Some((name, kv)),
+                _ => None,
+            })
+            .collect();
         let mut skipped = 0;
         // name -> (holder: lowest create revision, number of keys)
         let mut by_name: BTreeMap<String, (&etcd::KeyValue, u64)> = BTreeMap::new();
@@ -289,7 +349,7 @@ impl EtcdAdmin {
                         e.0 = kv;
                     }
                 }
-                KeyKind::Contender(_) | KeyKind::Internal => {}
+                KeyKind::Contender(_) | KeyKind::Fence(_) | KeyKind::Internal => {}
                 KeyKind::Foreign => skipped += 1,
             }
         }
@@ -304,7 +364,7 @@ impl EtcdAdmin {
                     l
                 }
             };
-            locks.push(self.info(name, holder, *n, left));
+            locks.push(self.info(name, holder, fences.get(name).copied(), *n, left));
         }
         Ok(Listing::new(locks, skipped))
     }
@@ -324,15 +384,16 @@ impl EtcdAdmin {
             .find(|(k, _)| k == "holder key")
             .map(|(_, v)| v.clone())
             .unwrap_or_default();
-        let token = now.token.unwrap_or(0) as i64;
+        let rev: i64 = now
+            .details
+            .iter()
+            .find(|(k, _)| k == "create revision")
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0);
         // Deleted only if it is still the key read (same create revision): a hold that changed
         // hands in between is not touched.
         let txn = Txn::new()
-            .when([Compare::create_revision(
-                key.clone(),
-                CompareOp::Equal,
-                token,
-            )])
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
             .and_then([TxnOp::delete(key.clone(), None)]);
         let mut c = self.client.clone();
         let r = self.call(&format!("deleting {key}"), c.txn(txn)).await?;
@@ -364,7 +425,9 @@ impl EtcdAdmin {
     }
 
     async fn start_watch(&self, prefix: &str) -> Result<Watching, AdminError> {
-        let range = format!("{}/{}", self.prefix, escape(prefix));
+        // The whole prefix, so that the fence keys (`<prefix>/.fence/`, written at each grant)
+        // arrive in revision order with the contender keys; names are filtered here.
+        let range = format!("{}/", self.prefix);
         let snap = self
             .get(range.clone(), GetOptions::new().with_prefix())
             .await?;
@@ -467,8 +530,21 @@ impl EtcdAdmin {
                     let Some(kv) = ev.kv() else { continue };
                     match ev.event_type() {
                         etcd::EventType::Put => {
-                            let KeyKind::Contender(name) = kind_of(&me.prefix, kv.key()) else {
-                                continue;
+                            let name = match kind_of(&me.prefix, kv.key()) {
+                                KeyKind::Contender(name) => name,
+                                KeyKind::Fence(name) => {
+                                    // A grant writes the name's fence: the acquisition, by the
+                                    // lowest key, with the token written.
+                                    if name.starts_with(&prefix) {
+                                        out.push(LockEvent::Acquired {
+                                            owner: state.holder(&name).map(|k| k.owner.clone()),
+                                            name,
+                                            token: token_of(kv),
+                                        });
+                                    }
+                                    continue;
+                                }
+                                _ => continue,
                             };
                             if !name.starts_with(&prefix) {
                                 continue;
@@ -478,13 +554,7 @@ impl EtcdAdmin {
                                 state.insert(name, kv);
                                 continue;
                             }
-                            if state.insert(name.clone(), kv) {
-                                out.push(LockEvent::Acquired {
-                                    name,
-                                    owner: Some(owner_of(kv)),
-                                    token: Some(kv.create_revision() as u64),
-                                });
-                            } else {
+                            if !state.insert(name.clone(), kv) {
                                 out.push(LockEvent::Other {
                                     name,
                                     what: "a contender queued".into(),
@@ -492,7 +562,7 @@ impl EtcdAdmin {
                             }
                         }
                         etcd::EventType::Delete => {
-                            let Some((name, removed, was_holder, next)) = state.remove(kv.key())
+                            let Some((name, removed, was_holder, _next)) = state.remove(kv.key())
                             else {
                                 continue;
                             };
@@ -503,18 +573,12 @@ impl EtcdAdmin {
                                 });
                                 continue;
                             }
+                            // The next holder's acquisition is its fence write (a Put above).
                             out.push(if me.lease_ended(removed.lease).await {
-                                LockEvent::Expired { name: name.clone() }
+                                LockEvent::Expired { name }
                             } else {
-                                LockEvent::Released { name: name.clone() }
+                                LockEvent::Released { name }
                             });
-                            if let Some((rev, k)) = next {
-                                out.push(LockEvent::Acquired {
-                                    name,
-                                    owner: Some(k.owner),
-                                    token: Some(rev as u64),
-                                });
-                            }
                         }
                     }
                 }
@@ -543,7 +607,17 @@ struct WatchState {
     index: HashMap<Vec<u8>, (String, i64)>,
 }
 
+/// The token stored in a fence key (fixed-width decimal).
+fn token_of(kv: &etcd::KeyValue) -> Option<u64> {
+    std::str::from_utf8(kv.value()).ok()?.trim().parse().ok()
+}
+
 impl WatchState {
+    /// The key that holds `name` (the lowest create revision).
+    fn holder(&self, name: &str) -> Option<&Key> {
+        self.locks.get(name)?.first_key_value().map(|(_, k)| k)
+    }
+
     /// Records a key (or updates a known one); true when it is a new key that now holds.
     fn insert(&mut self, name: String, kv: &etcd::KeyValue) -> bool {
         let rev = kv.create_revision();
@@ -628,6 +702,10 @@ mod tests {
         );
         assert_eq!(k("/dlock/.cancelled/x/y"), KeyKind::Internal);
         assert_eq!(k("/dlock/.leases/00000000000000ab"), KeyKind::Internal);
+        assert_eq!(
+            k(&format!("/dlock/.fence/{}", escape("order:42"))),
+            KeyKind::Fence("order:42".into())
+        );
         for f in [
             "/dlock/x",
             "/dlock/x/",
