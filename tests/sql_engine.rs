@@ -395,7 +395,7 @@ async fn wrong_client_clock_still_sees_correct_expiry(env: Env, engine: &str, of
 #[test]
 #[ignore = "child-process entry point of wrong_client_clock_*; run by the parent test"]
 fn child_entry() {
-    let Some(_mode) = common::child_mode() else {
+    let Some(mode) = common::child_mode() else {
         panic!("child_entry runs only as a child process");
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -414,6 +414,19 @@ fn child_entry() {
             "mysql" => Arc::new(common::sql::my_backend(&url, &table).await),
             e => panic!("unknown engine {e}"),
         };
+        if mode == "queue" {
+            // A waiter that queues for DLOCK_NAME (the parent pauses it while it is first in
+            // line; see a_paused_head_of_the_queue_does_not_stall_the_others).
+            let name = std::env::var("DLOCK_NAME").unwrap();
+            common::child_say("waiting");
+            let r = Lock::new(name)
+                .with_backend(backend.clone())
+                .wait(Duration::from_secs(600))
+                .acquire()
+                .await;
+            common::child_say(format!("done {}", r.is_ok()));
+            std::future::pending::<()>().await;
+        }
         let g = Lock::new("clock")
             .with_backend(backend)
             .ttl(Duration::from_secs(3))
@@ -1012,6 +1025,181 @@ mod on_postgres {
         // Each waiter: a first try, the try that queued it, the one its turn woke.
         let total: u64 = bs.iter().map(|b| b.wait_stats().acquire_statements).sum();
         assert_eq!(total, 3 * N as u64);
+    }
+
+    /// The server's clock now, in µs since the Unix epoch.
+    async fn server_us(admin: &dlock::tokio_postgres::Client) -> i64 {
+        admin
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The token rule (sql.md #12, issue 18): a grant's token is at least the server's clock in
+    /// µs since the Unix epoch (as on Redis and MySQL) and above the name's last token, in table
+    /// mode (statements and server functions) and advisory mode. The table's sequence is first
+    /// set to 5, as in a deployment of an older version (which minted 6, 7, ...): its tokens jump
+    /// to the clock, and the sequence is moved forward with them. Before the floor every token
+    /// here was a small integer (6, 7, ...).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokens_are_at_least_the_server_clock_in_us_and_increase() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let modes: [(&str, dlock::PostgresBackendBuilder); 3] = [
+            (
+                "statements",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .server_functions(false),
+            ),
+            (
+                "functions",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .server_functions(true),
+            ),
+            (
+                "advisory",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .advisory(true),
+            ),
+        ];
+        let mut last = 0u64;
+        let mut first = true;
+        for (mode, builder) in modes {
+            let b: Arc<dyn Backend> = Arc::new(builder.connect().await.unwrap());
+            if first {
+                admin
+                    .execute(&format!("SELECT setval('{table}_fence', 5)"), &[])
+                    .await
+                    .unwrap();
+                first = false;
+            }
+            for name in ["floor-a", "floor-b", "floor-a"] {
+                let before = server_us(&admin).await as u64;
+                let g = Lock::new(name).with_backend(b.clone()).acquire().await.unwrap();
+                let t = g.fencing_token();
+                assert!(
+                    t >= before,
+                    "{mode}: token {t} below the server's clock {before} µs at the grant"
+                );
+                assert!(t > last, "{mode}: token {t} after {last}");
+                last = t;
+                g.release().await.unwrap();
+            }
+        }
+        let seq: i64 = admin
+            .query_one(&format!("SELECT last_value FROM {table}_fence"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            seq as u64 >= last,
+            "the sequence ({seq}) was not moved forward to the last token ({last})"
+        );
+    }
+
+    /// sql.md #3 (issue 19): the process first in a name's queue is alive for the server (its
+    /// session open) but does nothing: a child process that queued first, then SIGSTOPped. The
+    /// others' hand-offs are not slowed to the holder's lease (30 s) but stay within the stated
+    /// bound: while the paused head's heartbeat is younger than 5 s, a release still wakes it,
+    /// and a waiter behind it tries once the name has been free for 0.5 s (at its next heartbeat,
+    /// within 1 s): at most about 1.5 s (asserted: under 4 s). Once its heartbeat is older than
+    /// 5 s, releases skip (and delete) its row: hand-offs are prompt again (asserted: under
+    /// 500 ms). Before the heartbeat the first hand-off took the whole 30 s lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_head_of_the_queue_does_not_stall_the_others() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let g = Lock::new("paused")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let mut child = common::spawn_self(
+            "child_entry",
+            "queue",
+            &[
+                ("DLOCK_ENGINE", "postgres".to_string()),
+                ("DLOCK_DB_URL", url.clone()),
+                ("DLOCK_TABLE", table.clone()),
+                ("DLOCK_NAME", "paused".to_string()),
+            ],
+        );
+        assert_eq!(child.expect_line(Duration::from_secs(30)), "waiting");
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                queue_rows(&admin, &table, "paused").await.len() == 1
+            })
+            .await,
+            "the child did not queue"
+        );
+        // SAFETY: kill(2) on the child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(child.pid() as i32, libc::SIGSTOP) }, 0);
+        let stopped = Instant::now();
+        let head = queue_rows(&admin, &table, "paused").await[0].clone();
+        let mut live = Vec::new();
+        for _ in 0..3 {
+            live.push(fifo_backend(&url, &table).await);
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut guard = g;
+        for (i, b) in live.iter().enumerate() {
+            let t_w = spawn_waiter(b, "paused", i, tx.clone());
+            assert!(
+                eventually(Duration::from_secs(5), || async {
+                    queue_rows(&admin, &table, "paused")
+                        .await
+                        .iter()
+                        .any(|r| Some(&r.0) == b.fifo_channel().as_ref())
+                })
+                .await,
+                "waiter {i} did not queue"
+            );
+            let late = i == live.len() - 1;
+            if late {
+                // Past the grace of the paused head's heartbeat.
+                let grace = Duration::from_secs(6);
+                if let Some(rest) = grace.checked_sub(stopped.elapsed()) {
+                    tokio::time::sleep(rest).await;
+                }
+            }
+            let t = Instant::now();
+            guard.release().await.unwrap();
+            let (j, g) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("hand-off {i}: stalled behind the paused head"))
+                .unwrap();
+            let took = t.elapsed();
+            eprintln!("hand-off {i}: {took:?} ({:?} after the SIGSTOP)", stopped.elapsed());
+            assert_eq!(j, i);
+            let bound = if late {
+                Duration::from_millis(500)
+            } else {
+                Duration::from_secs(4)
+            };
+            assert!(took < bound, "hand-off {i} took {took:?} (bound {bound:?})");
+            t_w.await.unwrap();
+            guard = g;
+        }
+        assert!(
+            !queue_rows(&admin, &table, "paused")
+                .await
+                .iter()
+                .any(|r| r.0 == head.0),
+            "the paused head's row was not deleted"
+        );
+        guard.release().await.unwrap();
+        child.kill();
     }
 
     /// A stale row does not stall the queue: the process first in line loses its listening

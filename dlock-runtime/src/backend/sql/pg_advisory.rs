@@ -118,7 +118,6 @@ pub(crate) struct Advisory {
     held: Mutex<HashMap<String, Held>>,
     next_generation: std::sync::atomic::AtomicU64,
     table: String,
-    fence_seq: String,
     channel: String,
     op_timeout: Duration,
     connect_timeout: Duration,
@@ -150,7 +149,6 @@ impl Advisory {
             held: Mutex::new(HashMap::new()),
             next_generation: std::sync::atomic::AtomicU64::new(1),
             table: table.to_string(),
-            fence_seq: format!("{table}_fence"),
             channel,
             op_timeout,
             connect_timeout,
@@ -444,9 +442,15 @@ impl Advisory {
                 releasing: false,
             },
         );
+        // The token rule's floor (see `mint`): the sequence, moved forward to the server's
+        // clock in µs when it is behind.
         let sql = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{}') END",
-            self.fence_seq
+            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN {} END",
+            super::postgres::mint(
+                &self.table,
+                "0",
+                "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+            )
         );
         let r = {
             let client = &guard.as_ref().expect("live session").client;
