@@ -1389,6 +1389,79 @@ mod on_postgres {
         t_live.await.unwrap();
     }
 
+    /// sql.md #13: the process first in line leaves (its waiter timed out) while the name is
+    /// free but nobody was told (the row freed behind the backends' back 100 ms before; a waiter
+    /// that consumed its wake-up and was then cancelled is the same case): its leave passes the
+    /// turn on, and the process behind it is served within 250 ms of the time-out. Before, a
+    /// waiter that left without an unused wake-up never passed the turn: the next process waited
+    /// for its own heartbeat's free-name check (0.5 s free, then the next beat) or its timer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_that_times_out_while_the_name_is_free_passes_the_turn_on() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let (first, second) = (
+            fifo_backend(&url, &table).await,
+            fifo_backend(&url, &table).await,
+        );
+        let g = Lock::new("turn")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let b1: Arc<dyn Backend> = Arc::new(first.clone());
+        let t_first = tokio::spawn(async move {
+            let r = Lock::new("turn")
+                .with_backend(b1)
+                .wait(Duration::from_secs(3))
+                .acquire()
+                .await;
+            (r.map(|_| ()), Instant::now())
+        });
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                queue_rows(&admin, &table, "turn").await.len() == 1
+            })
+            .await
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let t_second = spawn_waiter(&second, "turn", 1, tx);
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                queue_rows(&admin, &table, "turn").await.len() == 2
+            })
+            .await
+        );
+        tokio::time::sleep(Duration::from_millis(2900).saturating_sub(started.elapsed())).await;
+        admin
+            .execute(
+                &format!(
+                    "UPDATE {table} SET count = 0, expires_at = clock_timestamp() WHERE name = $1"
+                ),
+                &[&b"turn".as_slice()],
+            )
+            .await
+            .unwrap();
+        let (r, timed_out) = t_first.await.unwrap();
+        assert!(matches!(r, Err(LockError::TimedOut { .. })), "{r:?}");
+        let (_, g2) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the second process was never served")
+            .unwrap();
+        let gap = timed_out.elapsed();
+        assert!(
+            gap < Duration::from_millis(250),
+            "served {gap:?} after the first in line left"
+        );
+        g2.release().await.unwrap();
+        drop(g);
+        t_second.await.unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn killed_connection_while_holding_the_lease_survives() {
         super::killed_connection_while_holding_the_lease_survives(

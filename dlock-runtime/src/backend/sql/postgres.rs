@@ -1589,7 +1589,11 @@ impl PostgresBackend {
             },
             None => return,
         };
-        self.spawn_leave(name, me, woken);
+        // Always passed on when the name is free (sql.md #13): a waiter that consumed its
+        // wake-up and was then cancelled or timed out before its retry became a grant leaves
+        // `woken` false, and its turn was lost until the others' timers fired. The statement
+        // notifies only when the name is free: at most one extra wake-up.
+        self.spawn_leave(name, me, true, woken);
     }
 
     /// Deletes, in the background, the queue rows of `name` whose listeners are gone (a light
@@ -1616,13 +1620,14 @@ impl PostgresBackend {
     }
 
     /// Runs the leave statement of `name` for the identity `me` in the background; `pass`: wake
-    /// the next process in line when the name is free.
-    fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool) {
+    /// the next process in line when the name is free; `unused`: this process leaves with a
+    /// wake-up it did not use (counted in [`PostgresWaitStats::passed_on`]).
+    fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool, unused: bool) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let q = &self.inner.queueing;
-        if pass {
+        if unused {
             q.passed_on
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -1978,7 +1983,7 @@ async fn listen_loop(
                     && let Some(inner) = inner_n.upgrade()
                 {
                     locked(&q_n.maybe_queued).remove(&name);
-                    PostgresBackend { inner }.spawn_leave(&name, me.clone(), true);
+                    PostgresBackend { inner }.spawn_leave(&name, me.clone(), true, true);
                 }
             }
         });
