@@ -2198,6 +2198,137 @@ mod on_postgres {
 #[cfg(feature = "mysql")]
 mod on_mysql {
     use super::*;
+    use dlock::mysql_async::{self, prelude::Queryable};
+
+    /// A caller's pool on the test server whose connections run `setup` first (again after each
+    /// reset, which the pool does when a connection comes back).
+    fn caller_pool(url: &str, setup: Vec<String>) -> mysql_async::Pool {
+        let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(url).unwrap())
+            .setup(setup);
+        mysql_async::Pool::new(opts)
+    }
+
+    /// sql.md #6: MariaDB with `SIMULTANEOUS_ASSIGNMENT` in the session's sql_mode (every
+    /// assignment of an UPDATE reads the old values). A release frees the row at once, so
+    /// another owner is granted right after it, with the previous lease 30 s from its end.
+    /// Before, the release's `expires_at = IF(count = 0, ..)` read the old count (never 0): the
+    /// lease was not ended and the next owner was busy for the whole ttl.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_frees_at_once_under_mariadb_simultaneous_assignment() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let mut admin = common::sql::my_admin(&url).await;
+        let version: String = admin.query_first("SELECT VERSION()").await.unwrap().unwrap();
+        assert!(
+            version.contains("MariaDB"),
+            "this test needs MariaDB (SIMULTANEOUS_ASSIGNMENT), the server is {version}"
+        );
+        let pool = caller_pool(
+            &url,
+            vec![
+                "SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')".into(),
+            ],
+        );
+        let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
+            .table(&table)
+            .connect()
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        for round in 0..3 {
+            // Every connection of the pool, after its reset too.
+            for _ in 0..2 {
+                let mut c = pool.get_conn().await.unwrap();
+                let mode: String = c.query_first("SELECT @@sql_mode").await.unwrap().unwrap();
+                assert!(mode.contains("SIMULTANEOUS_ASSIGNMENT"), "{mode}");
+            }
+            let r = b.try_acquire("simul", "first", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            // Re-entered, then released twice: the first release only decrements.
+            let r = b.try_acquire("simul", "first", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { count: 2, .. }), "{r:?}");
+            let r = b.release("simul", "first", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Decremented(1));
+            let r = b.release("simul", "first", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Freed);
+            let r = b.try_acquire("simul", "second", ttl).await.unwrap();
+            assert!(
+                matches!(r, dlock::Acquired::Granted { .. }),
+                "round {round}: the next owner right after the release: {r:?}"
+            );
+            let r = b.release("simul", "second", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Freed);
+        }
+        drop(b);
+        let _ = pool.disconnect().await;
+    }
+
+    /// sql.md #8: the sweep on a caller's pool at MySQL's default REPEATABLE READ. The sweep's
+    /// DELETE is held up on an expired row an admin transaction has locked; meanwhile the
+    /// renewal of a live name whose row the scan passed before it is answered at once (well
+    /// under 1 s). Before, the scan kept a next-key lock on every row it had read, live ones
+    /// included, and the renewal waited for the whole sweep (here: until the client's 3 s
+    /// bound failed it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweep_does_not_lock_live_rows_on_a_repeatable_read_pool() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let pool = caller_pool(&url, vec![]);
+        let mut c = pool.get_conn().await.unwrap();
+        // MariaDB before 11.1 knows only tx_isolation, MySQL 8 only transaction_isolation.
+        let iso: String = match c.query_first("SELECT @@tx_isolation").await {
+            Ok(v) => v,
+            Err(_) => c.query_first("SELECT @@transaction_isolation").await.unwrap(),
+        }
+        .unwrap();
+        assert_eq!(iso, "REPEATABLE-READ", "the caller's pool isolation");
+        drop(c);
+        let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
+            .table(&table)
+            .sweep_after(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        // "a-live" sorts before the expired row "m-expired", which sorts before the rest.
+        let r = b.try_acquire("a-live", "holder", ttl).await.unwrap();
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        let r = b
+            .try_acquire("m-expired", "gone", Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut admin = common::sql::my_admin(&url).await;
+        admin.query_drop("BEGIN").await.unwrap();
+        admin
+            .query_drop(format!(
+                "SELECT * FROM {table} WHERE name = X'{}' FOR UPDATE",
+                "m-expired".bytes().map(|b| format!("{b:02x}")).collect::<String>()
+            ))
+            .await
+            .unwrap();
+        // 256 freeing releases: the last one starts the sweep in the background.
+        for i in 0..256 {
+            let name = format!("z-{i}");
+            let r = b.try_acquire(&name, "o", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            b.release(&name, "o", None, false).await.unwrap();
+        }
+        // The sweep has scanned "a-live" and waits for "m-expired".
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = Instant::now();
+        let r = b.extend("a-live", "holder", ttl).await;
+        let took = t.elapsed();
+        admin.query_drop("ROLLBACK").await.unwrap();
+        assert!(
+            matches!(r, Ok(dlock::Extended::Extended)),
+            "the renewal of a live row during the sweep: {r:?} after {took:?}"
+        );
+        assert!(took < Duration::from_secs(1), "renewal took {took:?}");
+        drop(b);
+        let _ = pool.disconnect().await;
+    }
 
     #[test]
     fn backend_works_across_runtimes() {
