@@ -1105,6 +1105,124 @@ mod on_postgres {
         );
     }
 
+    /// sql.md #7: grants and renewals wait for the WAL flush (the default) even where the
+    /// session's `synchronous_commit` is `off` (here the URL's options; a role or database
+    /// default, or a caller's pool, are the same). A trigger on the lock table records the
+    /// setting inside each grant's, renewal's and release's transaction: `on` for grants and
+    /// renewals (releases keep `off` on purpose), with the statements and with the server
+    /// functions. Before, the grants ran with the session's `off`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn durable_grants_wait_for_the_flush_even_when_the_session_says_off() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let off_url = common::sql::with_param(&url, "options=-c%20synchronous_commit%3Doff");
+        for functions in [false, true] {
+            let b = dlock::PostgresBackend::builder(&off_url)
+                .table(&table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            let c = b.pool().get().await.unwrap();
+            let sc: String = c.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+            assert_eq!(sc, "off", "the session's setting");
+            drop(c);
+            admin
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {table}_sc_log (count integer, sc text); \
+                     TRUNCATE {table}_sc_log; \
+                     CREATE OR REPLACE FUNCTION {table}_sc_f() RETURNS trigger LANGUAGE plpgsql AS \
+                       $f$ BEGIN INSERT INTO {table}_sc_log \
+                         VALUES (NEW.count, current_setting('synchronous_commit')); \
+                         RETURN NEW; END $f$; \
+                     CREATE OR REPLACE TRIGGER {table}_sc AFTER INSERT OR UPDATE ON {table} \
+                       FOR EACH ROW EXECUTE FUNCTION {table}_sc_f();"
+                ))
+                .await
+                .unwrap();
+            let ttl = Duration::from_secs(30);
+            for name in ["sc-new", "sc-new"] {
+                let r = b.try_acquire(name, "o", ttl).await.unwrap();
+                assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+                assert_eq!(b.extend(name, "o", ttl).await.unwrap(), dlock::Extended::Extended);
+                b.release(name, "o", None, false).await.unwrap();
+            }
+            let log: Vec<(i32, String)> = admin
+                .query(&format!("SELECT count, sc FROM {table}_sc_log"), &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            assert_eq!(log.len(), 6, "{log:?}");
+            for (count, sc) in &log {
+                let want = if *count > 0 { "on" } else { "off" };
+                assert_eq!(sc, want, "functions {functions}: {log:?}");
+            }
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE {table}_sc_log; DROP TRIGGER {table}_sc ON {table}; \
+                 DROP FUNCTION {table}_sc_f();"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// sql.md #9: a contender whose snapshot saw the row expired waits for the row lock of a
+    /// grant committing at that moment (an admin transaction here, held open 300 ms); the
+    /// recheck fails and the answer is busy. It tells no remaining lease (the new one is not in
+    /// its snapshot) instead of `remaining = 0`, which sent `wait = 0` callers straight back
+    /// (`Retry-After: 0`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_answer_after_a_recheck_does_not_say_zero_remaining() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let mut admin = common::sql::pg_admin(&url).await;
+        for functions in [false, true] {
+            let b = dlock::PostgresBackend::builder(&url)
+                .table(&table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            let name = format!("recheck-{functions}");
+            let r = b
+                .try_acquire(&name, "old", Duration::from_millis(50))
+                .await
+                .unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let tx = admin.transaction().await.unwrap();
+            let n = tx
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET owner = 'other', count = 1, \
+                         expires_at = clock_timestamp() + interval '30 seconds' WHERE name = $1"
+                    ),
+                    &[&name.as_bytes()],
+                )
+                .await
+                .unwrap();
+            assert_eq!(n, 1);
+            let (b2, n2) = (b.clone(), name.clone());
+            let contender = tokio::spawn(async move {
+                b2.try_acquire(&n2, "me", Duration::from_secs(30)).await
+            });
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tx.commit().await.unwrap();
+            let r = contender.await.unwrap().unwrap();
+            match r {
+                dlock::Acquired::Busy { remaining } => assert!(
+                    remaining.is_none_or(|r| r > Duration::from_secs(20)),
+                    "functions {functions}: busy with remaining {remaining:?}"
+                ),
+                other => panic!("functions {functions}: {other:?}"),
+            }
+        }
+    }
+
     /// sql.md #3 (issue 19): the process first in a name's queue is alive for the server (its
     /// session open) but does nothing: a child process that queued first, then SIGSTOPped. The
     /// others' hand-offs are not slowed to the holder's lease (30 s) but stay within the stated

@@ -191,6 +191,13 @@ pub(crate) fn channel_of(table: &str) -> String {
     format!("dlock_{}", table.replace('.', "_")).to_ascii_lowercase()
 }
 
+/// For a durable grant or renewal's own transaction: `synchronous_commit` at least `on`, so its
+/// commit waits for the WAL flush even where the role, the database or a caller's pool turned it
+/// `off` (or `local`) by default (sql.md #7); `remote_write`, `on` and `remote_apply` are kept.
+const FLUSH_WAIT: &str = "set_config('synchronous_commit', \
+     CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
+          ELSE current_setting('synchronous_commit') END, true)";
+
 /// `set_config('synchronous_commit', 'off', true)`: for the statement's own (implicit)
 /// transaction only, its commit does not wait for the WAL flush.
 const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
@@ -242,7 +249,9 @@ fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String
             String::new()
         };
         // Added to the `c` CTE of a statement whose commit need not wait for the disk.
-        let grant_sc = if durable {
+        let grant_sc = if durable && v4 {
+            format!(", {FLUSH_WAIT} AS sc")
+        } else if durable {
             String::new()
         } else {
             format!(", {NO_FLUSH_WAIT} AS sc")
@@ -277,6 +286,17 @@ fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String
                 format!("nextval('{table}_fence')"),
             )
         };
+        // The busy answer's remaining lease, read from the statement's snapshot. A row expired
+        // there was granted to another under our feet (we waited for its row lock, and the
+        // recheck failed): its new lease is not in the snapshot, so no remaining is told (the
+        // caller assumes a ttl) rather than 0, which sent `wait = 0` callers straight back
+        // (sql.md #9).
+        let remaining = if v4 {
+            "CASE WHEN l.expires_at > c.now \
+                  THEN (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint END"
+        } else {
+            "GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint)"
+        };
         let acquire = format!(
             "WITH {c}, \
              upd AS ( \
@@ -301,8 +321,7 @@ fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String
              SELECT fence, count, NULL::bigint, NULL FROM upd \
              UNION ALL SELECT fence, count, NULL::bigint, NULL FROM ins \
              UNION ALL \
-             SELECT NULL, NULL, GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint), \
-                    {NO_FLUSH_WAIT} \
+             SELECT NULL, NULL, {remaining}, {NO_FLUSH_WAIT} \
                FROM {table} l, c \
                WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
         );
@@ -528,6 +547,8 @@ const FIFO_VERSION: u32 = 2;
 const EXTEND_VERSION: u32 = 3;
 /// v4: grants mint their token with the floor of [`mint`] (`<table>_acquire_v4`,
 /// `<table>_acquire_nf_v4`, and the FIFO forms `<table>_acquire_q_v4`, `<table>_acquire_q_nf_v4`),
+/// a busy answer tells no remaining lease from a stale snapshot, durable grants and renewals
+/// (`<table>_extend_v4`, `<table>_extend_nf_v4`) raise `synchronous_commit` to at least `on`,
 /// and the FIFO judges a queued process by its heartbeat too (`<table>_release_q_v4`,
 /// `<table>_leave_v4`).
 const TOKEN_VERSION: u32 = 4;
@@ -535,8 +556,9 @@ const TOKEN_VERSION: u32 = 4;
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
 /// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
-/// and `<table>_extend_nf_v1` (kept for older processes; this version calls `<table>_extend_v3`
-/// and `<table>_extend_nf_v3`, which do not extend a released row), each wrapping the statement
+/// and `<table>_extend_nf_v1`, `_v3` (kept for older processes; this version calls the `_v4`
+/// forms: `<table>_acquire_v4`, `<table>_extend_v4` and their `_nf` forms), each wrapping the
+/// statement
 /// the backend otherwise sends, and the
 /// waiters' FIFO forms `<table>_acquire_v2`, `<table>_acquire_nf_v2`, `<table>_release_v2` and
 /// `<table>_leave_v2` (which need the `<table>_waiters` table of [`postgres_schema_sql`]). Teams
@@ -555,8 +577,8 @@ fn functions(table: &str, durable: bool) -> Functions {
     let v2 = FIFO_VERSION;
     let (acquire_d1, extend_d) = grant_statements(table, true, false, false);
     let (acquire_nf1, extend_nf) = grant_statements(table, false, false, false);
-    let (acquire_d, _) = grant_statements(table, true, false, true);
-    let (acquire_nf, _) = grant_statements(table, false, false, true);
+    let (acquire_d, extend_d4) = grant_statements(table, true, false, true);
+    let (acquire_nf, extend_nf4) = grant_statements(table, false, false, true);
     let v4 = TOKEN_VERSION;
     // The v1 extend functions as they were (older processes call them); this version calls
     // the v3 ones, which do not extend a released row.
@@ -584,7 +606,7 @@ fn functions(table: &str, durable: bool) -> Functions {
     let release_args2 = "bytea, text, boolean, bigint, text, integer, bigint";
     // Older versions' functions first (kept as they were, for their processes), then this
     // version's.
-    let defs: [(&str, u32, &str, &str, &str); 17] = [
+    let defs: [(&str, u32, &str, &str, &str); 19] = [
         ("acquire", v, grant_args, acquire_ret, &acquire_d1),
         ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf1),
         (
@@ -616,6 +638,8 @@ fn functions(table: &str, durable: bool) -> Functions {
         ),
         ("acquire", v4, grant_args, acquire_ret, &acquire_d),
         ("acquire_nf", v4, grant_args, acquire_ret, &acquire_nf),
+        ("extend", v4, grant_args, "r_one integer", &extend_d4),
+        ("extend_nf", v4, grant_args, "r_one integer", &extend_nf4),
         ("acquire_q", v4, grant_args2, acquire_ret, &acquire_d4),
         ("acquire_q_nf", v4, grant_args2, acquire_ret, &acquire_nf4),
         ("release_q", v4, release_args2, release_ret, &release4),
@@ -656,11 +680,11 @@ fn functions(table: &str, durable: bool) -> Functions {
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: exist_of(&|ver| ver == v || ver == v3 || ver == v4),
+        exist: exist_of(&|ver| ver == v || ver == v4),
         exist_fifo: exist_of(&|_| true),
         acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v4}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
-        extend: format!("SELECT * FROM {table}_extend{nf}_v{v3}($1, $2, $3)"),
+        extend: format!("SELECT * FROM {table}_extend{nf}_v{v4}($1, $2, $3)"),
         fifo: Fifo {
             acquire: format!("SELECT * FROM {table}_acquire_q{nf}_v{v4}($1, $2, $3, $4, $5, $6)"),
             release: format!("SELECT * FROM {table}_release_q_v{v4}($1, $2, $3, $4, $5, $6, $7)"),
