@@ -1223,6 +1223,88 @@ mod on_postgres {
         }
     }
 
+    /// Issue 19 item 3: 1,000 waits that time out (50 at a time, 40 ms each, over 10 held
+    /// names) leave nothing behind in the waiting process: no local waiter, no queued name, no
+    /// leave statement or unanswered try kept, no row in the waiters' queue, no more pooled
+    /// connections than its pool's size, and the same listening session (no LISTEN of a new
+    /// channel; its channels are per session, not per wait).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_timed_out_waits_leave_nothing_behind() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let w = fifo_backend(&url, &table).await;
+        let channel = w.fifo_channel();
+        let names: Vec<String> = (0..10).map(|i| format!("leak-{i}")).collect();
+        let mut held = Vec::new();
+        for n in &names {
+            held.push(
+                Lock::new(n.clone())
+                    .with_backend(Arc::new(holder.clone()))
+                    .ttl(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap(),
+            );
+        }
+        let before = w.wait_stats();
+        let t = Instant::now();
+        let b: Arc<dyn Backend> = Arc::new(w.clone());
+        for round in 0..20 {
+            let mut tasks = Vec::new();
+            for i in 0..50 {
+                let (b, n) = (b.clone(), names[(round * 50 + i) % names.len()].clone());
+                tasks.push(tokio::spawn(async move {
+                    Lock::new(n)
+                        .with_backend(b)
+                        .wait(Duration::from_millis(40))
+                        .acquire()
+                        .await
+                }));
+            }
+            for t in tasks {
+                // Timed out; or its last try was cut off unread by the deadline (a backend
+                // error, the try given back).
+                let r = t.await.unwrap();
+                assert!(
+                    matches!(
+                        r,
+                        Err(LockError::TimedOut { .. } | LockError::Backend { .. })
+                    ),
+                    "{r:?}"
+                );
+            }
+        }
+        eprintln!("1,000 timed-out waits in {:?}", t.elapsed());
+        // An abandoned try's connection is kept for its give-back up to 10 s.
+        let clean = eventually(Duration::from_secs(15), || async {
+            let s = w.wait_stats();
+            let mut rows = 0;
+            for n in &names {
+                rows += queue_rows(&admin, &table, n).await.len();
+            }
+            w.waiter_count() == 0
+                && s.queued_names == 0
+                && s.leaving == 0
+                && s.tries_in_flight == 0
+                && rows == 0
+        })
+        .await;
+        let s = w.wait_stats();
+        assert!(
+            clean,
+            "left behind: {} waiters, {s:?}, queue rows of leak-0 {:?}",
+            w.waiter_count(),
+            queue_rows(&admin, &table, "leak-0").await
+        );
+        assert!(s.acquire_statements > before.acquire_statements);
+        let st = w.pool().status();
+        assert!(st.size <= st.max_size, "{st:?}");
+        assert_eq!(w.fifo_channel(), channel, "the listener changed session");
+        drop(held);
+    }
+
     /// sql.md #3 (issue 19): the process first in a name's queue is alive for the server (its
     /// session open) but does nothing: a child process that queued first, then SIGSTOPped. The
     /// others' hand-offs are not slowed to the holder's lease (30 s) but stay within the stated
@@ -2324,6 +2406,63 @@ mod on_mysql {
         let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(url).unwrap())
             .setup(setup);
         mysql_async::Pool::new(opts)
+    }
+
+    /// Issue 19 item 3: 1,000 waits that time out (50 at a time, 40 ms each, over 10 held
+    /// names) leave no local waiter and no poller behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_timed_out_waits_leave_nothing_behind() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let holder = common::sql::my_backend(&url, &table).await;
+        let w = common::sql::my_backend(&url, &table).await;
+        let names: Vec<String> = (0..10).map(|i| format!("leak-{i}")).collect();
+        let ttl = Duration::from_secs(60);
+        for n in &names {
+            let r = holder.try_acquire(n, "holder", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        }
+        let b: Arc<dyn Backend> = Arc::new(w.clone());
+        let t = Instant::now();
+        for round in 0..20 {
+            let mut tasks = Vec::new();
+            for i in 0..50 {
+                let (b, n) = (b.clone(), names[(round * 50 + i) % names.len()].clone());
+                tasks.push(tokio::spawn(async move {
+                    Lock::new(n)
+                        .with_backend(b)
+                        .wait(Duration::from_millis(40))
+                        .acquire()
+                        .await
+                }));
+            }
+            for t in tasks {
+                // Timed out; or its last try was cut off unread by the deadline (a backend
+                // error, the try given back).
+                let r = t.await.unwrap();
+                assert!(
+                    matches!(
+                        r,
+                        Err(LockError::TimedOut { .. } | LockError::Backend { .. })
+                    ),
+                    "{r:?}"
+                );
+            }
+        }
+        eprintln!("1,000 timed-out waits in {:?}", t.elapsed());
+        let clean = common::eventually(Duration::from_secs(5), || async {
+            w.waiter_count() == 0 && w.poller_count() == 0
+        })
+        .await;
+        assert!(
+            clean,
+            "left behind: {} waiters, {} pollers",
+            w.waiter_count(),
+            w.poller_count()
+        );
+        for n in &names {
+            holder.release(n, "holder", None, false).await.unwrap();
+        }
     }
 
     /// sql.md #6: MariaDB with `SIMULTANEOUS_ASSIGNMENT` in the session's sql_mode (every

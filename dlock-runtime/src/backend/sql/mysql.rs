@@ -536,6 +536,17 @@ impl MysqlBackend {
         self.inner.waiters.waiter_count()
     }
 
+    /// Number of names this process polls for now (one poller per name with local waiters).
+    pub fn poller_count(&self) -> usize {
+        self.inner
+            .pollers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|h| !h.is_finished())
+            .count()
+    }
+
     /// The pool the backend runs its statements on.
     ///
     /// With the backend's own pools, the one of the current tokio runtime (created on first use).

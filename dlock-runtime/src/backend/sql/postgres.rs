@@ -1378,6 +1378,12 @@ pub struct PostgresWaitStats {
     /// Turns passed on to the next process in line (a notification for a name no local caller
     /// waits for any more, or a waiter that left with an unused wake-up).
     pub passed_on: u64,
+    /// Names this process may have a row for in the waiters' queue now.
+    pub queued_names: usize,
+    /// Leave statements under way now.
+    pub leaving: usize,
+    /// Acquire statements whose reply was not read, kept for their give-back, now.
+    pub tries_in_flight: usize,
 }
 
 impl Drop for Inner {
@@ -1561,6 +1567,9 @@ impl PostgresBackend {
             queue_wakeups: q.queue_wakeups.load(Relaxed),
             broadcast_wakeups: q.broadcast_wakeups.load(Relaxed),
             passed_on: q.passed_on.load(Relaxed),
+            queued_names: locked(&q.maybe_queued).len(),
+            leaving: locked(&q.leaving).len(),
+            tries_in_flight: locked(&self.inner.tries).len(),
         }
     }
 
