@@ -1083,7 +1083,11 @@ mod on_postgres {
             }
             for name in ["floor-a", "floor-b", "floor-a"] {
                 let before = server_us(&admin).await as u64;
-                let g = Lock::new(name).with_backend(b.clone()).acquire().await.unwrap();
+                let g = Lock::new(name)
+                    .with_backend(b.clone())
+                    .acquire()
+                    .await
+                    .unwrap();
                 let t = g.fencing_token();
                 assert!(
                     t >= before,
@@ -1125,7 +1129,11 @@ mod on_postgres {
                 .await
                 .unwrap();
             let c = b.pool().get().await.unwrap();
-            let sc: String = c.query_one("SHOW synchronous_commit", &[]).await.unwrap().get(0);
+            let sc: String = c
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .unwrap()
+                .get(0);
             assert_eq!(sc, "off", "the session's setting");
             drop(c);
             admin
@@ -1145,7 +1153,10 @@ mod on_postgres {
             for name in ["sc-new", "sc-new"] {
                 let r = b.try_acquire(name, "o", ttl).await.unwrap();
                 assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
-                assert_eq!(b.extend(name, "o", ttl).await.unwrap(), dlock::Extended::Extended);
+                assert_eq!(
+                    b.extend(name, "o", ttl).await.unwrap(),
+                    dlock::Extended::Extended
+                );
                 b.release(name, "o", None, false).await.unwrap();
             }
             let log: Vec<(i32, String)> = admin
@@ -1207,9 +1218,10 @@ mod on_postgres {
                 .unwrap();
             assert_eq!(n, 1);
             let (b2, n2) = (b.clone(), name.clone());
-            let contender = tokio::spawn(async move {
-                b2.try_acquire(&n2, "me", Duration::from_secs(30)).await
-            });
+            let contender =
+                tokio::spawn(
+                    async move { b2.try_acquire(&n2, "me", Duration::from_secs(30)).await },
+                );
             tokio::time::sleep(Duration::from_millis(300)).await;
             tx.commit().await.unwrap();
             let r = contender.await.unwrap().unwrap();
@@ -1380,7 +1392,10 @@ mod on_postgres {
                 .unwrap_or_else(|_| panic!("hand-off {i}: stalled behind the paused head"))
                 .unwrap();
             let took = t.elapsed();
-            eprintln!("hand-off {i}: {took:?} ({:?} after the SIGSTOP)", stopped.elapsed());
+            eprintln!(
+                "hand-off {i}: {took:?} ({:?} after the SIGSTOP)",
+                stopped.elapsed()
+            );
             assert_eq!(j, i);
             let bound = if late {
                 Duration::from_millis(500)
@@ -2134,7 +2149,11 @@ mod on_postgres {
             tasks.push(tokio::spawn(async move {
                 let t = Instant::now();
                 let r = a
-                    .try_acquire(&format!("adv-q-{i}"), &format!("o{i}"), Duration::from_secs(30))
+                    .try_acquire(
+                        &format!("adv-q-{i}"),
+                        &format!("o{i}"),
+                        Duration::from_secs(30),
+                    )
                     .await;
                 (r, t.elapsed())
             }));
@@ -2530,16 +2549,18 @@ mod on_mysql {
         let env = Env::mysql().await;
         let (url, table) = (env.db().url.clone(), env.db().table.clone());
         let mut admin = common::sql::my_admin(&url).await;
-        let version: String = admin.query_first("SELECT VERSION()").await.unwrap().unwrap();
+        let version: String = admin
+            .query_first("SELECT VERSION()")
+            .await
+            .unwrap()
+            .unwrap();
         assert!(
             version.contains("MariaDB"),
             "this test needs MariaDB (SIMULTANEOUS_ASSIGNMENT), the server is {version}"
         );
         let pool = caller_pool(
             &url,
-            vec![
-                "SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')".into(),
-            ],
+            vec!["SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')".into()],
         );
         let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
             .table(&table)
@@ -2558,7 +2579,10 @@ mod on_mysql {
             assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
             // Re-entered, then released twice: the first release only decrements.
             let r = b.try_acquire("simul", "first", ttl).await.unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { count: 2, .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::Acquired::Granted { count: 2, .. }),
+                "{r:?}"
+            );
             let r = b.release("simul", "first", None, false).await.unwrap();
             assert_eq!(r, dlock::Released::Decremented(1));
             let r = b.release("simul", "first", None, false).await.unwrap();
@@ -2590,7 +2614,10 @@ mod on_mysql {
         // MariaDB before 11.1 knows only tx_isolation, MySQL 8 only transaction_isolation.
         let iso: String = match c.query_first("SELECT @@tx_isolation").await {
             Ok(v) => v,
-            Err(_) => c.query_first("SELECT @@transaction_isolation").await.unwrap(),
+            Err(_) => c
+                .query_first("SELECT @@transaction_isolation")
+                .await
+                .unwrap(),
         }
         .unwrap();
         assert_eq!(iso, "REPEATABLE-READ", "the caller's pool isolation");
@@ -2616,7 +2643,10 @@ mod on_mysql {
         admin
             .query_drop(format!(
                 "SELECT * FROM {table} WHERE name = X'{}' FOR UPDATE",
-                "m-expired".bytes().map(|b| format!("{b:02x}")).collect::<String>()
+                "m-expired"
+                    .bytes()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
             ))
             .await
             .unwrap();

@@ -476,7 +476,11 @@ fn cleanup_statement(table: &str, v4: bool) -> String {
 fn release_function_v2(table: &str, channel: &str, v4: bool) -> String {
     let light = release_light_statement(table, channel, v4);
     let cleanup = cleanup_statement(table, v4);
-    let (beat_col, beat_val) = if v4 { (", beat", ", clock_timestamp()") } else { ("", "") };
+    let (beat_col, beat_val) = if v4 {
+        (", beat", ", clock_timestamp()")
+    } else {
+        ("", "")
+    };
     format!(
         "DECLARE v_rem integer; v_n text; v_dead boolean; \
          BEGIN \
