@@ -1157,6 +1157,7 @@ impl PostgresBackendBuilder {
         } else {
             backend.ping().await?;
         }
+        backend.warn_if_spelled_otherwise().await;
         let mut fifo = self.fifo_wakeups
             && !self.advisory
             && backend.inner.listen_config.is_some()
@@ -1335,6 +1336,35 @@ impl Drop for TryGuard<'_> {
             }
         }
         self.slot.settled.send_replace(true);
+    }
+}
+
+/// After a try that may have queued this process (see [`PostgresBackend::queue_as`]): a grant
+/// took it out of the queue; and when the local waiters that made it queue all left while it ran
+/// (it was another caller's first try, or it was dropped unread at a deadline), nobody here would
+/// delete its row or forget the name, so it leaves now (a waiter that registers next queues
+/// again, after the leave; a row committed after the leave is deleted by a release once its
+/// heartbeat is stale).
+struct QueuedTry<'a> {
+    b: &'a PostgresBackend,
+    name: &'a str,
+    me: &'a Arc<Me>,
+    granted: bool,
+}
+
+impl Drop for QueuedTry<'_> {
+    fn drop(&mut self) {
+        if !self.granted && self.b.inner.waiters.has_waiters(self.name) {
+            return;
+        }
+        let mine = {
+            let mut mq = locked(&self.b.inner.queueing.maybe_queued);
+            mq.get(self.name).is_some_and(|x| Arc::ptr_eq(x, self.me))
+                && mq.remove(self.name).is_some()
+        };
+        if mine && !self.granted {
+            self.b.spawn_leave(self.name, self.me.clone(), true, false);
+        }
     }
 }
 
@@ -1540,6 +1570,39 @@ impl PostgresBackend {
             tokio::time::sleep(Duration::from_millis(20 + 30 * attempt)).await;
         }
         Err(last.unwrap_or_else(|| LockError::Config("server function creation failed".into())))
+    }
+
+    /// Warns when the configured table name is not the table's canonical spelling (`relname`
+    /// in `public`, else `schema.relname`): the advisory key space and the release channel
+    /// follow the configured string, so processes that spell one table differently do not
+    /// exclude each other in advisory mode and do not hear each other's releases (sql.md #11;
+    /// see the README). Best effort: a failed check says nothing.
+    async fn warn_if_spelled_otherwise(&self) {
+        let pool = &self.inner.pool;
+        let table = self.inner.table.clone();
+        let r = bounded("", "the table name check", self.inner.op_timeout, async {
+            let c = pool.get().await?;
+            let rows = c
+                .query_typed(
+                    "SELECT CASE WHEN n.nspname = 'public' THEN c.relname \
+                                 ELSE n.nspname || '.' || c.relname END \
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE c.oid = to_regclass($1)",
+                    &[(&table.as_str(), Type::TEXT)],
+                )
+                .await?;
+            Ok::<_, DynError>(rows.first().and_then(|r| r.try_get::<_, String>(0).ok()))
+        })
+        .await;
+        if let Ok(Some(canonical)) = r
+            && canonical != self.inner.table
+        {
+            tracing::warn!(
+                table = %self.inner.table,
+                canonical = %canonical,
+                "dlock: PostgreSQL table named otherwise than its canonical spelling; every process must spell it the same way (advisory keys and release channels follow the configured name)"
+            );
+        }
     }
 
     /// Whether the table of the waiters' FIFO exists.
@@ -2298,6 +2361,13 @@ impl Backend for PostgresBackend {
                 }
                 Some(m) => {
                     self.before_queueing(name, m).await;
+                    // Checked however the try ends (answered, failed, or dropped unread).
+                    let mut after = QueuedTry {
+                        b: self,
+                        name,
+                        me: m,
+                        granted: false,
+                    };
                     let rows = self
                         .query_try(
                             name,
@@ -2314,15 +2384,10 @@ impl Backend for PostgresBackend {
                         )
                         .await?;
                     // A grant took this process out of the queue.
-                    if rows
+                    after.granted = rows
                         .first()
-                        .is_some_and(|r| r.try_get::<_, Option<i64>>(0).ok().flatten().is_some())
-                    {
-                        let mut mq = locked(&q.maybe_queued);
-                        if mq.get(name).is_some_and(|x| Arc::ptr_eq(x, m)) {
-                            mq.remove(name);
-                        }
-                    }
+                        .is_some_and(|r| r.try_get::<_, Option<i64>>(0).ok().flatten().is_some());
+                    drop(after);
                     rows
                 }
             };
@@ -2450,6 +2515,14 @@ impl super::ReleaseOnce for PostgresBackend {
             if let Some(m) = &me {
                 self.before_queueing(name, m).await;
             }
+            // The waiters this release queued for may all leave while it runs (a background
+            // give-back runs after them): then nobody here would forget the name.
+            let _after = me.as_ref().map(|m| QueuedTry {
+                b: self,
+                name,
+                me: m,
+                granted: false,
+            });
             let (ch, pid, started) = match &me {
                 Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
                 None => (None, None, None),
