@@ -395,7 +395,7 @@ async fn wrong_client_clock_still_sees_correct_expiry(env: Env, engine: &str, of
 #[test]
 #[ignore = "child-process entry point of wrong_client_clock_*; run by the parent test"]
 fn child_entry() {
-    let Some(_mode) = common::child_mode() else {
+    let Some(mode) = common::child_mode() else {
         panic!("child_entry runs only as a child process");
     };
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -414,6 +414,19 @@ fn child_entry() {
             "mysql" => Arc::new(common::sql::my_backend(&url, &table).await),
             e => panic!("unknown engine {e}"),
         };
+        if mode == "queue" {
+            // A waiter that queues for DLOCK_NAME (the parent pauses it while it is first in
+            // line; see a_paused_head_of_the_queue_does_not_stall_the_others).
+            let name = std::env::var("DLOCK_NAME").unwrap();
+            common::child_say("waiting");
+            let r = Lock::new(name)
+                .with_backend(backend.clone())
+                .wait(Duration::from_secs(600))
+                .acquire()
+                .await;
+            common::child_say(format!("done {}", r.is_ok()));
+            std::future::pending::<()>().await;
+        }
         let g = Lock::new("clock")
             .with_backend(backend)
             .ttl(Duration::from_secs(3))
@@ -1014,6 +1027,396 @@ mod on_postgres {
         assert_eq!(total, 3 * N as u64);
     }
 
+    /// The server's clock now, in µs since the Unix epoch.
+    async fn server_us(admin: &dlock::tokio_postgres::Client) -> i64 {
+        admin
+            .query_one(
+                "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// The token rule (sql.md #12, issue 18): a grant's token is at least the server's clock in
+    /// µs since the Unix epoch (as on Redis and MySQL) and above the name's last token, in table
+    /// mode (statements and server functions) and advisory mode. The table's sequence is first
+    /// set to 5, as in a deployment of an older version (which minted 6, 7, ...): its tokens jump
+    /// to the clock, and the sequence is moved forward with them. Before the floor every token
+    /// here was a small integer (6, 7, ...).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn tokens_are_at_least_the_server_clock_in_us_and_increase() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let modes: [(&str, dlock::PostgresBackendBuilder); 3] = [
+            (
+                "statements",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .server_functions(false),
+            ),
+            (
+                "functions",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .server_functions(true),
+            ),
+            (
+                "advisory",
+                dlock::PostgresBackend::builder(&url)
+                    .table(&table)
+                    .advisory(true),
+            ),
+        ];
+        let mut last = 0u64;
+        let mut first = true;
+        for (mode, builder) in modes {
+            let b: Arc<dyn Backend> = Arc::new(builder.connect().await.unwrap());
+            if first {
+                admin
+                    .execute(&format!("SELECT setval('{table}_fence', 5)"), &[])
+                    .await
+                    .unwrap();
+                first = false;
+            }
+            for name in ["floor-a", "floor-b", "floor-a"] {
+                let before = server_us(&admin).await as u64;
+                let g = Lock::new(name)
+                    .with_backend(b.clone())
+                    .acquire()
+                    .await
+                    .unwrap();
+                let t = g.fencing_token();
+                assert!(
+                    t >= before,
+                    "{mode}: token {t} below the server's clock {before} µs at the grant"
+                );
+                assert!(t > last, "{mode}: token {t} after {last}");
+                last = t;
+                g.release().await.unwrap();
+            }
+        }
+        let seq: i64 = admin
+            .query_one(&format!("SELECT last_value FROM {table}_fence"), &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert!(
+            seq as u64 >= last,
+            "the sequence ({seq}) was not moved forward to the last token ({last})"
+        );
+    }
+
+    /// sql.md #7: grants and renewals wait for the WAL flush (the default) even where the
+    /// session's `synchronous_commit` is `off` (here the URL's options; a role or database
+    /// default, or a caller's pool, are the same). A trigger on the lock table records the
+    /// setting inside each grant's, renewal's and release's transaction: `on` for grants and
+    /// renewals (releases keep `off` on purpose), with the statements and with the server
+    /// functions. Before, the grants ran with the session's `off`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn durable_grants_wait_for_the_flush_even_when_the_session_says_off() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let off_url = common::sql::with_param(&url, "options=-c%20synchronous_commit%3Doff");
+        for functions in [false, true] {
+            let b = dlock::PostgresBackend::builder(&off_url)
+                .table(&table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            let c = b.pool().get().await.unwrap();
+            let sc: String = c
+                .query_one("SHOW synchronous_commit", &[])
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(sc, "off", "the session's setting");
+            drop(c);
+            admin
+                .batch_execute(&format!(
+                    "CREATE TABLE IF NOT EXISTS {table}_sc_log (count integer, sc text); \
+                     TRUNCATE {table}_sc_log; \
+                     CREATE OR REPLACE FUNCTION {table}_sc_f() RETURNS trigger LANGUAGE plpgsql AS \
+                       $f$ BEGIN INSERT INTO {table}_sc_log \
+                         VALUES (NEW.count, current_setting('synchronous_commit')); \
+                         RETURN NEW; END $f$; \
+                     CREATE OR REPLACE TRIGGER {table}_sc AFTER INSERT OR UPDATE ON {table} \
+                       FOR EACH ROW EXECUTE FUNCTION {table}_sc_f();"
+                ))
+                .await
+                .unwrap();
+            let ttl = Duration::from_secs(30);
+            for name in ["sc-new", "sc-new"] {
+                let r = b.try_acquire(name, "o", ttl).await.unwrap();
+                assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+                assert_eq!(
+                    b.extend(name, "o", ttl).await.unwrap(),
+                    dlock::Extended::Extended
+                );
+                b.release(name, "o", None, false).await.unwrap();
+            }
+            let log: Vec<(i32, String)> = admin
+                .query(&format!("SELECT count, sc FROM {table}_sc_log"), &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            assert_eq!(log.len(), 6, "{log:?}");
+            for (count, sc) in &log {
+                let want = if *count > 0 { "on" } else { "off" };
+                assert_eq!(sc, want, "functions {functions}: {log:?}");
+            }
+        }
+        admin
+            .batch_execute(&format!(
+                "DROP TABLE {table}_sc_log; DROP TRIGGER {table}_sc ON {table}; \
+                 DROP FUNCTION {table}_sc_f();"
+            ))
+            .await
+            .unwrap();
+    }
+
+    /// sql.md #9: a contender whose snapshot saw the row expired waits for the row lock of a
+    /// grant committing at that moment (an admin transaction here, held open 300 ms); the
+    /// recheck fails and the answer is busy. It tells no remaining lease (the new one is not in
+    /// its snapshot) instead of `remaining = 0`, which sent `wait = 0` callers straight back
+    /// (`Retry-After: 0`).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_answer_after_a_recheck_does_not_say_zero_remaining() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let mut admin = common::sql::pg_admin(&url).await;
+        for functions in [false, true] {
+            let b = dlock::PostgresBackend::builder(&url)
+                .table(&table)
+                .server_functions(functions)
+                .connect()
+                .await
+                .unwrap();
+            let name = format!("recheck-{functions}");
+            let r = b
+                .try_acquire(&name, "old", Duration::from_millis(50))
+                .await
+                .unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            let tx = admin.transaction().await.unwrap();
+            let n = tx
+                .execute(
+                    &format!(
+                        "UPDATE {table} SET owner = 'other', count = 1, \
+                         expires_at = clock_timestamp() + interval '30 seconds' WHERE name = $1"
+                    ),
+                    &[&name.as_bytes()],
+                )
+                .await
+                .unwrap();
+            assert_eq!(n, 1);
+            let (b2, n2) = (b.clone(), name.clone());
+            let contender =
+                tokio::spawn(
+                    async move { b2.try_acquire(&n2, "me", Duration::from_secs(30)).await },
+                );
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            tx.commit().await.unwrap();
+            let r = contender.await.unwrap().unwrap();
+            match r {
+                dlock::Acquired::Busy { remaining } => assert!(
+                    remaining.is_none_or(|r| r > Duration::from_secs(20)),
+                    "functions {functions}: busy with remaining {remaining:?}"
+                ),
+                other => panic!("functions {functions}: {other:?}"),
+            }
+        }
+    }
+
+    /// Issue 19 item 3: 1,000 waits that time out (50 at a time, 40 ms each, over 10 held
+    /// names) leave nothing behind in the waiting process: no local waiter, no queued name, no
+    /// leave statement or unanswered try kept, no row in the waiters' queue, no more pooled
+    /// connections than its pool's size, and the same listening session (no LISTEN of a new
+    /// channel; its channels are per session, not per wait).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_timed_out_waits_leave_nothing_behind() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let w = fifo_backend(&url, &table).await;
+        let channel = w.fifo_channel();
+        let names: Vec<String> = (0..10).map(|i| format!("leak-{i}")).collect();
+        let mut held = Vec::new();
+        for n in &names {
+            held.push(
+                Lock::new(n.clone())
+                    .with_backend(Arc::new(holder.clone()))
+                    .ttl(Duration::from_secs(60))
+                    .acquire()
+                    .await
+                    .unwrap(),
+            );
+        }
+        let before = w.wait_stats();
+        let t = Instant::now();
+        let b: Arc<dyn Backend> = Arc::new(w.clone());
+        for round in 0..20 {
+            let mut tasks = Vec::new();
+            for i in 0..50 {
+                let (b, n) = (b.clone(), names[(round * 50 + i) % names.len()].clone());
+                tasks.push(tokio::spawn(async move {
+                    Lock::new(n)
+                        .with_backend(b)
+                        .wait(Duration::from_millis(40))
+                        .acquire()
+                        .await
+                }));
+            }
+            for t in tasks {
+                // Timed out; or its last try was cut off unread by the deadline (a backend
+                // error, the try given back).
+                let r = t.await.unwrap();
+                assert!(
+                    matches!(
+                        r,
+                        Err(LockError::TimedOut { .. } | LockError::Backend { .. })
+                    ),
+                    "{r:?}"
+                );
+            }
+        }
+        eprintln!("1,000 timed-out waits in {:?}", t.elapsed());
+        // An abandoned try's connection is kept for its give-back up to 10 s.
+        let clean = eventually(Duration::from_secs(15), || async {
+            let s = w.wait_stats();
+            let mut rows = 0;
+            for n in &names {
+                rows += queue_rows(&admin, &table, n).await.len();
+            }
+            w.waiter_count() == 0
+                && s.queued_names == 0
+                && s.leaving == 0
+                && s.tries_in_flight == 0
+                && rows == 0
+        })
+        .await;
+        let s = w.wait_stats();
+        assert!(
+            clean,
+            "left behind: {} waiters, {s:?}, queue rows of leak-0 {:?}",
+            w.waiter_count(),
+            queue_rows(&admin, &table, "leak-0").await
+        );
+        assert!(s.acquire_statements > before.acquire_statements);
+        let st = w.pool().status();
+        assert!(st.size <= st.max_size, "{st:?}");
+        assert_eq!(w.fifo_channel(), channel, "the listener changed session");
+        drop(held);
+    }
+
+    /// sql.md #3 (issue 19): the process first in a name's queue is alive for the server (its
+    /// session open) but does nothing: a child process that queued first, then SIGSTOPped. The
+    /// others' hand-offs are not slowed to the holder's lease (30 s) but stay within the stated
+    /// bound: while the paused head's heartbeat is younger than 5 s, a release still wakes it,
+    /// and a waiter behind it tries once the name has been free for 0.5 s (at its next heartbeat,
+    /// within 1 s): at most about 1.5 s (asserted: under 4 s). Once its heartbeat is older than
+    /// 5 s, releases skip (and delete) its row: hand-offs are prompt again (asserted: under
+    /// 500 ms). Before the heartbeat the first hand-off took the whole 30 s lease.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_paused_head_of_the_queue_does_not_stall_the_others() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let g = Lock::new("paused")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let mut child = common::spawn_self(
+            "child_entry",
+            "queue",
+            &[
+                ("DLOCK_ENGINE", "postgres".to_string()),
+                ("DLOCK_DB_URL", url.clone()),
+                ("DLOCK_TABLE", table.clone()),
+                ("DLOCK_NAME", "paused".to_string()),
+            ],
+        );
+        assert_eq!(child.expect_line(Duration::from_secs(30)), "waiting");
+        assert!(
+            eventually(Duration::from_secs(10), || async {
+                queue_rows(&admin, &table, "paused").await.len() == 1
+            })
+            .await,
+            "the child did not queue"
+        );
+        // SAFETY: kill(2) on the child we spawned and have not reaped.
+        assert_eq!(unsafe { libc::kill(child.pid() as i32, libc::SIGSTOP) }, 0);
+        let stopped = Instant::now();
+        let head = queue_rows(&admin, &table, "paused").await[0].clone();
+        let mut live = Vec::new();
+        for _ in 0..3 {
+            live.push(fifo_backend(&url, &table).await);
+        }
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut guard = g;
+        for (i, b) in live.iter().enumerate() {
+            let t_w = spawn_waiter(b, "paused", i, tx.clone());
+            assert!(
+                eventually(Duration::from_secs(5), || async {
+                    queue_rows(&admin, &table, "paused")
+                        .await
+                        .iter()
+                        .any(|r| Some(&r.0) == b.fifo_channel().as_ref())
+                })
+                .await,
+                "waiter {i} did not queue"
+            );
+            let late = i == live.len() - 1;
+            if late {
+                // Past the grace of the paused head's heartbeat.
+                let grace = Duration::from_secs(6);
+                if let Some(rest) = grace.checked_sub(stopped.elapsed()) {
+                    tokio::time::sleep(rest).await;
+                }
+            }
+            let t = Instant::now();
+            guard.release().await.unwrap();
+            let (j, g) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("hand-off {i}: stalled behind the paused head"))
+                .unwrap();
+            let took = t.elapsed();
+            eprintln!(
+                "hand-off {i}: {took:?} ({:?} after the SIGSTOP)",
+                stopped.elapsed()
+            );
+            assert_eq!(j, i);
+            let bound = if late {
+                Duration::from_millis(500)
+            } else {
+                Duration::from_secs(4)
+            };
+            assert!(took < bound, "hand-off {i} took {took:?} (bound {bound:?})");
+            t_w.await.unwrap();
+            guard = g;
+        }
+        assert!(
+            !queue_rows(&admin, &table, "paused")
+                .await
+                .iter()
+                .any(|r| r.0 == head.0),
+            "the paused head's row was not deleted"
+        );
+        guard.release().await.unwrap();
+        child.kill();
+    }
+
     /// A stale row does not stall the queue: the process first in line loses its listening
     /// session (pg_terminate_backend) while a second process waits behind it; the release
     /// skips (and deletes) the dead session's row and wakes the second process at once, far
@@ -1199,6 +1602,79 @@ mod on_postgres {
         assert!(queue_rows(&admin, &table, "late").await.is_empty());
         g.release().await.unwrap();
         t_live.await.unwrap();
+    }
+
+    /// sql.md #13: the process first in line leaves (its waiter timed out) while the name is
+    /// free but nobody was told (the row freed behind the backends' back 100 ms before; a waiter
+    /// that consumed its wake-up and was then cancelled is the same case): its leave passes the
+    /// turn on, and the process behind it is served within 250 ms of the time-out. Before, a
+    /// waiter that left without an unused wake-up never passed the turn: the next process waited
+    /// for its own heartbeat's free-name check (0.5 s free, then the next beat) or its timer.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_head_that_times_out_while_the_name_is_free_passes_the_turn_on() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let admin = common::sql::pg_admin(&url).await;
+        let holder = fifo_backend(&url, &table).await;
+        let (first, second) = (
+            fifo_backend(&url, &table).await,
+            fifo_backend(&url, &table).await,
+        );
+        let g = Lock::new("turn")
+            .with_backend(Arc::new(holder.clone()))
+            .ttl(Duration::from_secs(30))
+            .watchdog(false)
+            .acquire()
+            .await
+            .unwrap();
+        let started = Instant::now();
+        let b1: Arc<dyn Backend> = Arc::new(first.clone());
+        let t_first = tokio::spawn(async move {
+            let r = Lock::new("turn")
+                .with_backend(b1)
+                .wait(Duration::from_secs(3))
+                .acquire()
+                .await;
+            (r.map(|_| ()), Instant::now())
+        });
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                queue_rows(&admin, &table, "turn").await.len() == 1
+            })
+            .await
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let t_second = spawn_waiter(&second, "turn", 1, tx);
+        assert!(
+            eventually(Duration::from_secs(2), || async {
+                queue_rows(&admin, &table, "turn").await.len() == 2
+            })
+            .await
+        );
+        tokio::time::sleep(Duration::from_millis(2900).saturating_sub(started.elapsed())).await;
+        admin
+            .execute(
+                &format!(
+                    "UPDATE {table} SET count = 0, expires_at = clock_timestamp() WHERE name = $1"
+                ),
+                &[&b"turn".as_slice()],
+            )
+            .await
+            .unwrap();
+        let (r, timed_out) = t_first.await.unwrap();
+        assert!(matches!(r, Err(LockError::TimedOut { .. })), "{r:?}");
+        let (_, g2) = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("the second process was never served")
+            .unwrap();
+        let gap = timed_out.elapsed();
+        assert!(
+            gap < Duration::from_millis(250),
+            "served {gap:?} after the first in line left"
+        );
+        g2.release().await.unwrap();
+        drop(g);
+        t_second.await.unwrap();
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1647,6 +2123,65 @@ mod on_postgres {
         let _ = g.release().await;
     }
 
+    /// sql.md #10: advisory mode runs every call on one session behind one mutex. With the
+    /// table's sequence locked (a migration's `ALTER SEQUENCE` in an open transaction), each
+    /// try holds the session until its 1 s `op_timeout`; four tries at once each answer within
+    /// twice that bound (asserted: under 3 s), as the wait for the session is bounded by
+    /// `op_timeout` too. Before, they queued behind each other: the last answered after about
+    /// 4 s. The backend works again once the sequence is free.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn calls_wait_for_the_advisory_session_no_longer_than_op_timeout() {
+        let env = Env::postgres().await;
+        let a = Arc::new(
+            dlock::PostgresBackend::builder(&env.db().url)
+                .table(&env.db().table)
+                .advisory(true)
+                .op_timeout(Duration::from_secs(1))
+                .statement_timeout(Duration::from_secs(10))
+                .connect()
+                .await
+                .unwrap(),
+        );
+        let admin = block_the_fence(&env).await;
+        let mut tasks = Vec::new();
+        for i in 0..4 {
+            let a = a.clone();
+            tasks.push(tokio::spawn(async move {
+                let t = Instant::now();
+                let r = a
+                    .try_acquire(
+                        &format!("adv-q-{i}"),
+                        &format!("o{i}"),
+                        Duration::from_secs(30),
+                    )
+                    .await;
+                (r, t.elapsed())
+            }));
+        }
+        let mut took = Vec::new();
+        for t in tasks {
+            let (r, d) = tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("a try hung")
+                .unwrap();
+            assert!(r.is_err(), "granted with the sequence locked: {r:?}");
+            took.push(d);
+        }
+        eprintln!("tries answered after {took:?}");
+        assert!(
+            took.iter().all(|d| *d < Duration::from_secs(3)),
+            "a try waited past its bound: {took:?}"
+        );
+        drop(admin);
+        let g = Lock::new("adv-q-0")
+            .with_backend(a.clone())
+            .wait(Duration::from_secs(5))
+            .acquire()
+            .await
+            .expect("the backend works once the sequence is free");
+        g.release().await.unwrap();
+    }
+
     /// sql.md #4a: a statement that fails on the server (here `statement_timeout` cancels a
     /// grant's `nextval`, blocked by an `ALTER SEQUENCE`) no longer ends the session: the lock it
     /// may have taken is unlocked, and the other holds of the session stay (before, the session
@@ -1937,6 +2472,205 @@ mod on_postgres {
 #[cfg(feature = "mysql")]
 mod on_mysql {
     use super::*;
+    use dlock::mysql_async::{self, prelude::Queryable};
+
+    /// A caller's pool on the test server whose connections run `setup` first (again after each
+    /// reset, which the pool does when a connection comes back).
+    fn caller_pool(url: &str, setup: Vec<String>) -> mysql_async::Pool {
+        let opts = mysql_async::OptsBuilder::from_opts(mysql_async::Opts::from_url(url).unwrap())
+            .setup(setup);
+        mysql_async::Pool::new(opts)
+    }
+
+    /// Issue 19 item 3: 1,000 waits that time out (50 at a time, 40 ms each, over 10 held
+    /// names) leave no local waiter and no poller behind.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_thousand_timed_out_waits_leave_nothing_behind() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let holder = common::sql::my_backend(&url, &table).await;
+        let w = common::sql::my_backend(&url, &table).await;
+        let names: Vec<String> = (0..10).map(|i| format!("leak-{i}")).collect();
+        let ttl = Duration::from_secs(60);
+        for n in &names {
+            let r = holder.try_acquire(n, "holder", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        }
+        let b: Arc<dyn Backend> = Arc::new(w.clone());
+        let t = Instant::now();
+        for round in 0..20 {
+            let mut tasks = Vec::new();
+            for i in 0..50 {
+                let (b, n) = (b.clone(), names[(round * 50 + i) % names.len()].clone());
+                tasks.push(tokio::spawn(async move {
+                    Lock::new(n)
+                        .with_backend(b)
+                        .wait(Duration::from_millis(40))
+                        .acquire()
+                        .await
+                }));
+            }
+            for t in tasks {
+                // Timed out; or its last try was cut off unread by the deadline (a backend
+                // error, the try given back).
+                let r = t.await.unwrap();
+                assert!(
+                    matches!(
+                        r,
+                        Err(LockError::TimedOut { .. } | LockError::Backend { .. })
+                    ),
+                    "{r:?}"
+                );
+            }
+        }
+        eprintln!("1,000 timed-out waits in {:?}", t.elapsed());
+        let clean = common::eventually(Duration::from_secs(5), || async {
+            w.waiter_count() == 0 && w.poller_count() == 0
+        })
+        .await;
+        assert!(
+            clean,
+            "left behind: {} waiters, {} pollers",
+            w.waiter_count(),
+            w.poller_count()
+        );
+        for n in &names {
+            holder.release(n, "holder", None, false).await.unwrap();
+        }
+    }
+
+    /// sql.md #6: MariaDB with `SIMULTANEOUS_ASSIGNMENT` in the session's sql_mode (every
+    /// assignment of an UPDATE reads the old values). A release frees the row at once, so
+    /// another owner is granted right after it, with the previous lease 30 s from its end.
+    /// Before, the release's `expires_at = IF(count = 0, ..)` read the old count (never 0): the
+    /// lease was not ended and the next owner was busy for the whole ttl.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_frees_at_once_under_mariadb_simultaneous_assignment() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let mut admin = common::sql::my_admin(&url).await;
+        let version: String = admin
+            .query_first("SELECT VERSION()")
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(
+            version.contains("MariaDB"),
+            "this test needs MariaDB (SIMULTANEOUS_ASSIGNMENT), the server is {version}"
+        );
+        let pool = caller_pool(
+            &url,
+            vec!["SET SESSION sql_mode = CONCAT(@@sql_mode, ',SIMULTANEOUS_ASSIGNMENT')".into()],
+        );
+        let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
+            .table(&table)
+            .connect()
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        for round in 0..3 {
+            // Every connection of the pool, after its reset too.
+            for _ in 0..2 {
+                let mut c = pool.get_conn().await.unwrap();
+                let mode: String = c.query_first("SELECT @@sql_mode").await.unwrap().unwrap();
+                assert!(mode.contains("SIMULTANEOUS_ASSIGNMENT"), "{mode}");
+            }
+            let r = b.try_acquire("simul", "first", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            // Re-entered, then released twice: the first release only decrements.
+            let r = b.try_acquire("simul", "first", ttl).await.unwrap();
+            assert!(
+                matches!(r, dlock::Acquired::Granted { count: 2, .. }),
+                "{r:?}"
+            );
+            let r = b.release("simul", "first", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Decremented(1));
+            let r = b.release("simul", "first", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Freed);
+            let r = b.try_acquire("simul", "second", ttl).await.unwrap();
+            assert!(
+                matches!(r, dlock::Acquired::Granted { .. }),
+                "round {round}: the next owner right after the release: {r:?}"
+            );
+            let r = b.release("simul", "second", None, false).await.unwrap();
+            assert_eq!(r, dlock::Released::Freed);
+        }
+        drop(b);
+        let _ = pool.disconnect().await;
+    }
+
+    /// sql.md #8: the sweep on a caller's pool at MySQL's default REPEATABLE READ. The sweep's
+    /// DELETE is held up on an expired row an admin transaction has locked; meanwhile the
+    /// renewal of a live name whose row the scan passed before it is answered at once (well
+    /// under 1 s). Before, the scan kept a next-key lock on every row it had read, live ones
+    /// included, and the renewal waited for the whole sweep (here: until the client's 3 s
+    /// bound failed it).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_sweep_does_not_lock_live_rows_on_a_repeatable_read_pool() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), env.db().table.clone());
+        let pool = caller_pool(&url, vec![]);
+        let mut c = pool.get_conn().await.unwrap();
+        // MariaDB before 11.1 knows only tx_isolation, MySQL 8 only transaction_isolation.
+        let iso: String = match c.query_first("SELECT @@tx_isolation").await {
+            Ok(v) => v,
+            Err(_) => c
+                .query_first("SELECT @@transaction_isolation")
+                .await
+                .unwrap(),
+        }
+        .unwrap();
+        assert_eq!(iso, "REPEATABLE-READ", "the caller's pool isolation");
+        drop(c);
+        let b = dlock::MysqlBackend::builder_with_pool(pool.clone())
+            .table(&table)
+            .sweep_after(Duration::ZERO)
+            .connect()
+            .await
+            .unwrap();
+        let ttl = Duration::from_secs(30);
+        // "a-live" sorts before the expired row "m-expired", which sorts before the rest.
+        let r = b.try_acquire("a-live", "holder", ttl).await.unwrap();
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        let r = b
+            .try_acquire("m-expired", "gone", Duration::from_millis(100))
+            .await
+            .unwrap();
+        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut admin = common::sql::my_admin(&url).await;
+        admin.query_drop("BEGIN").await.unwrap();
+        admin
+            .query_drop(format!(
+                "SELECT * FROM {table} WHERE name = X'{}' FOR UPDATE",
+                "m-expired"
+                    .bytes()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            ))
+            .await
+            .unwrap();
+        // 256 freeing releases: the last one starts the sweep in the background.
+        for i in 0..256 {
+            let name = format!("z-{i}");
+            let r = b.try_acquire(&name, "o", ttl).await.unwrap();
+            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            b.release(&name, "o", None, false).await.unwrap();
+        }
+        // The sweep has scanned "a-live" and waits for "m-expired".
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let t = Instant::now();
+        let r = b.extend("a-live", "holder", ttl).await;
+        let took = t.elapsed();
+        admin.query_drop("ROLLBACK").await.unwrap();
+        assert!(
+            matches!(r, Ok(dlock::Extended::Extended)),
+            "the renewal of a live row during the sweep: {r:?} after {took:?}"
+        );
+        assert!(took < Duration::from_secs(1), "renewal took {took:?}");
+        drop(b);
+        let _ = pool.disconnect().await;
+    }
 
     #[test]
     fn backend_works_across_runtimes() {

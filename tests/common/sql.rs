@@ -202,7 +202,10 @@ mod pg {
                              DROP FUNCTION IF EXISTS {table}_acquire_v1, {table}_acquire_nf_v1, \
                              {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1, \
                              {table}_acquire_v2, {table}_acquire_nf_v2, {table}_release_v2, \
-                             {table}_leave_v2;"
+                             {table}_leave_v2, {table}_extend_v3, {table}_extend_nf_v3, \
+                             {table}_acquire_v4, {table}_acquire_nf_v4, {table}_acquire_q_v4, \
+                             {table}_acquire_q_nf_v4, {table}_release_q_v4, {table}_leave_v4, \
+                             {table}_extend_v4, {table}_extend_nf_v4, {table}_sc_f;"
                         )),
                     )
                     .await;

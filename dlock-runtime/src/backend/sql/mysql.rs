@@ -536,6 +536,17 @@ impl MysqlBackend {
         self.inner.waiters.waiter_count()
     }
 
+    /// Number of names this process polls for now (one poller per name with local waiters).
+    pub fn poller_count(&self) -> usize {
+        self.inner
+            .pollers
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .values()
+            .filter(|h| !h.is_finished())
+            .count()
+    }
+
     /// The pool the backend runs its statements on.
     ///
     /// With the backend's own pools, the one of the current tokio runtime (created on first use).
@@ -585,8 +596,11 @@ impl MysqlBackend {
 
     /// Every 256th freeing release, deletes (in the background, at most 1,000 per run) rows
     /// free or expired for longer than `sweep_after`, so rows of names no longer used do not
-    /// accumulate. Each row is deleted by its own short statement's record lock, like the
-    /// acquire's; a deadlock or lock-wait error only skips this run.
+    /// accumulate. The DELETE runs under READ COMMITTED whatever the pool's isolation (a
+    /// caller's pool is usually at MySQL's REPEATABLE READ, under which the scan kept a lock on
+    /// every row it read, live ones included, until it ended: renewals and releases of unrelated
+    /// names waited for it; sql.md #8), so it locks only the rows it deletes; in key order (safe
+    /// for statement-based binlogs). A deadlock or lock-wait error only skips this run.
     fn maybe_sweep(&self) {
         let n = self
             .inner
@@ -597,9 +611,11 @@ impl MysqlBackend {
         }
         let me = self.clone();
         tokio::spawn(async move {
+            // `SET TRANSACTION` (no SESSION): for the next transaction only, the DELETE's.
             let sql = format!(
-                "DELETE FROM {} WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL {} MICROSECOND \
-                 LIMIT 1000",
+                "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; \
+                 DELETE FROM {} WHERE expires_at < UTC_TIMESTAMP(6) - INTERVAL {} MICROSECOND \
+                 ORDER BY name LIMIT 1000",
                 me.inner.table, me.inner.sweep_after_us
             );
             if let Err(e) = me.exec("", "the sweep", sql).await {
@@ -687,12 +703,21 @@ impl super::ReleaseOnce for MysqlBackend {
                 Some(k) => format!("UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND", micros(k)),
                 None => "UTC_TIMESTAMP(6)".to_string(),
             };
+            // Both assignments read the row's old `count` (expires_at is assigned first), so the
+            // statement means the same under MySQL's left-to-right assignment and MariaDB's
+            // SIMULTANEOUS_ASSIGNMENT sql_mode (sql.md #6: with `expires_at = IF(count = 0, ..)`
+            // after `count`, MariaDB read the old count, never 0, and a release never ended the
+            // lease: every hand-off waited a ttl).
+            //
+            // The holds left are read with the owner checked (sql.md #14): the SELECT runs after
+            // the UPDATE's commit, and another owner may have taken the freed row in between;
+            // its count is not ours (NULL: freed).
             let sql = format!(
                 "UPDATE {t} SET \
-                   count = IF({all} OR count <= 1, 0, count - 1), \
-                   expires_at = IF(count = 0, {end}, expires_at) \
+                   expires_at = IF({all} OR count <= 1, {end}, expires_at), \
+                   count = IF({all} OR count <= 1, 0, count - 1) \
                  WHERE name = {n} AND owner = {o} AND count > 0 AND expires_at > UTC_TIMESTAMP(6); \
-                 SELECT ROW_COUNT(), (SELECT count FROM {t} WHERE name = {n}), \
+                 SELECT ROW_COUNT(), (SELECT count FROM {t} WHERE name = {n} AND owner = {o}), \
                    (SELECT owner = {o} AND count = 0 FROM {t} WHERE name = {n})",
                 all = if all { "TRUE" } else { "FALSE" }
             );

@@ -118,7 +118,6 @@ pub(crate) struct Advisory {
     held: Mutex<HashMap<String, Held>>,
     next_generation: std::sync::atomic::AtomicU64,
     table: String,
-    fence_seq: String,
     channel: String,
     op_timeout: Duration,
     connect_timeout: Duration,
@@ -150,7 +149,6 @@ impl Advisory {
             held: Mutex::new(HashMap::new()),
             next_generation: std::sync::atomic::AtomicU64::new(1),
             table: table.to_string(),
-            fence_seq: format!("{table}_fence"),
             channel,
             op_timeout,
             connect_timeout,
@@ -328,12 +326,29 @@ impl Advisory {
         Ok(())
     }
 
+    /// The session's mutex, waited for at most `op_timeout` (sql.md #10: every call of the
+    /// backend goes through this one session, and a queue of slow calls, each bounded by
+    /// `op_timeout` on its own, made a call wait for all of them). A call that could not get
+    /// it sent nothing: a [`LockError::Backend`] with nothing to give back.
+    async fn lock_session(
+        &self,
+        key: &str,
+    ) -> Result<tokio::sync::MutexGuard<'_, Option<Session>>, LockError> {
+        bounded(
+            key,
+            "the advisory session (busy with other calls)",
+            self.op_timeout,
+            async { Ok::<_, DynError>(self.session.lock().await) },
+        )
+        .await
+    }
+
     /// The live session (opening a new one when it was lost), with the mutex held.
     async fn live_session<'s>(
         &'s self,
         key: &str,
     ) -> Result<tokio::sync::MutexGuard<'s, Option<Session>>, LockError> {
-        let mut guard = self.session.lock().await;
+        let mut guard = self.lock_session(key).await?;
         if guard.as_ref().is_none_or(|s| s.client.is_closed()) {
             self.drop_session(&mut guard);
             *guard = Some(self.open(key).await?);
@@ -444,9 +459,15 @@ impl Advisory {
                 releasing: false,
             },
         );
+        // The token rule's floor (see `mint`): the sequence, moved forward to the server's
+        // clock in µs when it is behind.
         let sql = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN nextval('{}') END",
-            self.fence_seq
+            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN {} END",
+            super::postgres::mint(
+                &self.table,
+                "0",
+                "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+            )
         );
         let r = {
             let client = &guard.as_ref().expect("live session").client;
@@ -702,7 +723,7 @@ impl Advisory {
     /// Whether the session of `generation` is still the live one and answers (one round trip).
     /// A session found dead is dropped; an error that leaves its state unknown is returned.
     async fn session_alive(&self, name: &str, generation: u64) -> Result<bool, LockError> {
-        let mut guard = self.session.lock().await;
+        let mut guard = self.lock_session(name).await?;
         let Some(s) = guard.as_ref() else {
             return Ok(false);
         };

@@ -101,8 +101,12 @@ where
 ///     pid        integer     NOT NULL,     -- its listening session (pg_backend_pid())
 ///     started_us bigint      NOT NULL,     -- that session's backend_start, µs since 1970
 ///     since      timestamptz NOT NULL,     -- when it queued (the FIFO order)
+///     beat       timestamptz,              -- its last heartbeat (NULL: an older version's row)
 ///     PRIMARY KEY (name, channel)
 /// );
+/// -- Tables of older versions gain the heartbeat column (a DO block: ALTER TABLE only when it
+/// -- is missing, so no exclusive lock is taken at every connect):
+/// ALTER TABLE dlock_locks_waiters ADD COLUMN beat timestamptz;
 /// ```
 pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
     check_table(table)?;
@@ -121,8 +125,15 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
              pid integer NOT NULL,\n    \
              started_us bigint NOT NULL,\n    \
              since timestamptz NOT NULL,\n    \
+             beat timestamptz,\n    \
              PRIMARY KEY (name, channel)\n\
-         );\n"
+         );\n\
+         DO $dlock$ BEGIN \
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{table}_waiters'::regclass \
+                          AND attname = 'beat' AND NOT attisdropped) THEN \
+             ALTER TABLE {table}_waiters ADD COLUMN beat timestamptz; \
+           END IF; \
+         END $dlock$;\n"
     ))
 }
 
@@ -170,6 +181,8 @@ struct Fifo {
     /// The deletion of dead listeners' rows that `release_light` reported.
     cleanup: String,
     leave: String,
+    /// The listener's heartbeat (statements only; see [`beat_statement`]).
+    beat: String,
 }
 
 /// The `NOTIFY` channel of the lock table `table`: `dlock_<table>` (a `.` becomes `_`),
@@ -178,22 +191,52 @@ pub(crate) fn channel_of(table: &str) -> String {
     format!("dlock_{}", table.replace('.', "_")).to_ascii_lowercase()
 }
 
+/// For a durable grant or renewal's own transaction: `synchronous_commit` at least `on`, so its
+/// commit waits for the WAL flush even where the role, the database or a caller's pool turned it
+/// `off` (or `local`) by default (sql.md #7); `remote_write`, `on` and `remote_apply` are kept.
+const FLUSH_WAIT: &str = "set_config('synchronous_commit', \
+     CASE WHEN current_setting('synchronous_commit') IN ('off', 'local') THEN 'on' \
+          ELSE current_setting('synchronous_commit') END, true)";
+
 /// `set_config('synchronous_commit', 'off', true)`: for the statement's own (implicit)
 /// transaction only, its commit does not wait for the WAL flush.
 const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
 
+/// `c.now` (a `timestamptz`) as µs since the Unix epoch, for the CTE `c` (`t.now` inside it).
+const US_OF_NOW: &str = "(extract(epoch FROM t.now) * 1000000)::bigint";
+
+/// The token of a grant (the token rule, README "Fencing tokens"): the larger of the next
+/// number of the sequence `<table>_fence`, `floor` (the name's last token + 1) and the server's
+/// clock `us` (µs since the Unix epoch, as Redis and MySQL mint theirs). When the clock won, the
+/// sequence is moved forward to the token (where the role may, `UPDATE` on the sequence), so it
+/// stays above every token handed out and a name whose row was deleted does not depend on the
+/// clock alone. Evaluated only when a grant mints (a busy answer does not reach it).
+pub(crate) fn mint(table: &str, floor: &str, us: &str) -> String {
+    format!(
+        "(SELECT CASE WHEN t.tok > t.v AND has_sequence_privilege('{table}_fence', 'UPDATE') \
+                      THEN setval('{table}_fence', t.tok) ELSE t.tok END \
+          FROM (SELECT s.v, GREATEST(s.v, {floor}, {us}) AS tok \
+                FROM (SELECT nextval('{table}_fence') AS v) s) t)"
+    )
+}
+
 /// The acquire and extend statements of `table`; `durable`: their commits wait for the WAL
 /// flush (the default).
-fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) {
+///
+/// `v4`: this version's statements (the token floor of [`mint`]; queued rows carry a heartbeat);
+/// without it, the bodies of the older functions, kept as they were for processes of older
+/// versions.
+fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String, String) {
     {
         // The FIFO form (v2): `$4` is the caller's channel (NULL: not queued), `$5`/`$6` its
         // listener's pid and start. A busy answer queues the process (keeping its place when it
         // is queued already); a grant takes it out of the queue.
+        let (beat_col, beat_val) = if v4 { (", beat", ", c.now") } else { ("", "") };
         let queue = if fifo {
             format!(
                 ", enq AS ( \
-                   INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
-                   SELECT $1, $4::text, $5::integer, $6::bigint, c.now FROM c \
+                   INSERT INTO {table}_waiters (name, channel, pid, started_us, since{beat_col}) \
+                   SELECT $1, $4::text, $5::integer, $6::bigint, c.now{beat_val} FROM c \
                    WHERE $4::text IS NOT NULL \
                      AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins) \
                    ON CONFLICT (name, channel) DO NOTHING), \
@@ -206,7 +249,9 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
             String::new()
         };
         // Added to the `c` CTE of a statement whose commit need not wait for the disk.
-        let grant_sc = if durable {
+        let grant_sc = if durable && v4 {
+            format!(", {FLUSH_WAIT} AS sc")
+        } else if durable {
             String::new()
         } else {
             format!(", {NO_FLUSH_WAIT} AS sc")
@@ -225,13 +270,40 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
         // which locks the row before its WHERE). A takeover mints its token with nextval()
         // under the row lock, so tokens follow the grant order. The INSERT covers a name without
         // a row; ON CONFLICT DO NOTHING settles a race between two first users.
+        let (c, mint_upd, mint_ins) = if v4 {
+            (
+                format!(
+                    "c AS MATERIALIZED (SELECT t.now, {US_OF_NOW} AS us{grant_sc} \
+                     FROM (SELECT clock_timestamp() AS now) t)"
+                ),
+                mint(table, "l.fence + 1", "c.us"),
+                mint(table, "0", "c.us"),
+            )
+        } else {
+            (
+                format!("c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc})"),
+                format!("nextval('{table}_fence')"),
+                format!("nextval('{table}_fence')"),
+            )
+        };
+        // The busy answer's remaining lease, read from the statement's snapshot. A row expired
+        // there was granted to another under our feet (we waited for its row lock, and the
+        // recheck failed): its new lease is not in the snapshot, so no remaining is told (the
+        // caller assumes a ttl) rather than 0, which sent `wait = 0` callers straight back
+        // (sql.md #9).
+        let remaining = if v4 {
+            "CASE WHEN l.expires_at > c.now \
+                  THEN (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint END"
+        } else {
+            "GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint)"
+        };
         let acquire = format!(
-            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now{grant_sc}), \
+            "WITH {c}, \
              upd AS ( \
                UPDATE {table} l SET \
                  count = CASE WHEN l.owner = $2 AND l.expires_at > c.now THEN l.count + 1 ELSE 1 END, \
                  fence = CASE WHEN l.owner = $2 AND l.expires_at > c.now \
-                              THEN l.fence ELSE nextval('{table}_fence') END, \
+                              THEN l.fence ELSE {mint_upd} END, \
                  expires_at = CASE WHEN l.owner = $2 AND l.expires_at > c.now \
                                    THEN GREATEST(l.expires_at, c.now + $3 * interval '1 microsecond') \
                                    ELSE c.now + $3 * interval '1 microsecond' END, \
@@ -241,7 +313,7 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
                RETURNING l.fence, l.count), \
              ins AS ( \
                INSERT INTO {table} (name, owner, count, fence, expires_at) \
-               SELECT $1, $2, 1, nextval('{table}_fence'), c.now + $3 * interval '1 microsecond' FROM c \
+               SELECT $1, $2, 1, {mint_ins}, c.now + $3 * interval '1 microsecond' FROM c \
                WHERE NOT EXISTS (SELECT 1 FROM upd) \
                  AND NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1) \
                ON CONFLICT (name) DO NOTHING \
@@ -249,8 +321,7 @@ fn grant_statements(table: &str, durable: bool, fifo: bool) -> (String, String) 
              SELECT fence, count, NULL::bigint, NULL FROM upd \
              UNION ALL SELECT fence, count, NULL::bigint, NULL FROM ins \
              UNION ALL \
-             SELECT NULL, NULL, GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint), \
-                    {NO_FLUSH_WAIT} \
+             SELECT NULL, NULL, {remaining}, {NO_FLUSH_WAIT} \
                FROM {table} l, c \
                WHERE l.name = $1 AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins)"
         );
@@ -275,19 +346,41 @@ fn extend_statement(table: &str, grant_sc: &str, held_only: bool) -> String {
 /// Whether the waiter row `w` belongs to a listening session that is still alive: a session
 /// with its pid and start time (a row of another role's session whose start we may not read
 /// counts as alive).
-fn alive(w: &str) -> String {
+///
+/// `v4`: besides, its heartbeat (`beat`, renewed every second by the listener while it is
+/// queued) is at most [`BEAT_GRACE`] old, so a process that is alive for the server but does
+/// nothing (paused, its host cut off, a reused pid we may not read) stops heading the queue
+/// (sql.md #3). A row without a beat (queued by an older version) is judged by its session only.
+fn alive(w: &str, v4: bool) -> String {
+    let beat = if v4 {
+        format!(
+            " AND ({w}.beat IS NULL OR {w}.beat > clock_timestamp() - interval '{} milliseconds')",
+            BEAT_GRACE.as_millis()
+        )
+    } else {
+        String::new()
+    };
     format!(
-        "EXISTS (SELECT 1 FROM pg_stat_get_activity({w}.pid) a \
+        "(EXISTS (SELECT 1 FROM pg_stat_get_activity({w}.pid) a \
                  WHERE a.backend_start IS NULL \
-                    OR (extract(epoch FROM a.backend_start) * 1000000)::bigint = {w}.started_us)"
+                    OR (extract(epoch FROM a.backend_start) * 1000000)::bigint = {w}.started_us){beat})"
     )
 }
+
+/// How often a listener renews the heartbeat of its process's queued rows.
+const BEAT_EVERY: Duration = Duration::from_secs(1);
+/// A queued row whose heartbeat is older than this is skipped (and deleted) by the next release
+/// or leave of its name.
+const BEAT_GRACE: Duration = Duration::from_secs(5);
+/// A name free for this long while this process waits for it in the queue is tried at the next
+/// heartbeat: the process the release woke is not acting (sql.md #3).
+const STALL_AFTER: Duration = Duration::from_millis(500);
 
 /// The CTEs that pick the process to wake for a name freed when the CTE `fr` has a row: the
 /// oldest queued one (other than `$exclude`) whose listener is alive (`head`); the rows of dead
 /// listeners met on the way are deleted (`dead`).
-fn pick_head(table: &str, exclude: &str) -> String {
-    let alive = alive("w");
+fn pick_head(table: &str, exclude: &str, v4: bool) -> String {
+    let alive = alive("w", v4);
     format!(
         "live AS MATERIALIZED ( \
            SELECT w.channel, w.since, {alive} AS alive FROM {table}_waiters w, fr \
@@ -299,11 +392,28 @@ fn pick_head(table: &str, exclude: &str) -> String {
     )
 }
 
+/// The heartbeat of a process's queued rows, sent by its listener every [`BEAT_EVERY`] while it
+/// may be queued: `$1` the names, `$2` its channel. Returns each name with whether its row was
+/// there (renewed) and whether the name has been free for [`STALL_AFTER`] at least (the process
+/// the release woke is not acting: this one tries instead).
+fn beat_statement(table: &str) -> String {
+    format!(
+        "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+         b AS (UPDATE {table}_waiters w SET beat = c.now FROM c \
+               WHERE w.name = ANY($1::bytea[]) AND w.channel = $2::text RETURNING w.name) \
+         SELECT n.name, EXISTS (SELECT 1 FROM b WHERE b.name = n.name), \
+                NOT EXISTS (SELECT 1 FROM {table} l WHERE l.name = n.name \
+                            AND l.expires_at > c.now - interval '{} milliseconds') \
+         FROM unnest($1::bytea[]) AS n(name), c",
+        STALL_AFTER.as_millis()
+    )
+}
+
 /// The statement by which a process leaves the queue of a name (v2): `$1` name, `$2` its
 /// channel, `$3` pass: when the name is free, wake the next process in line (or every process,
 /// on the release channel, when none is queued), as a release would have.
-fn leave_statement(table: &str, channel: &str) -> String {
-    let head = pick_head(table, " AND w.channel <> $2::text");
+fn leave_statement(table: &str, channel: &str, v4: bool) -> String {
+    let head = pick_head(table, " AND w.channel <> $2::text", v4);
     format!(
         "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
          d AS (DELETE FROM {table}_waiters WHERE name = $1 AND channel = $2::text), \
@@ -338,9 +448,9 @@ fn release_update(table: &str) -> String {
 /// alive (or the table's channel when none is), and a third column tells whether rows of dead
 /// listeners were met (deleted separately). The queue is only read, one index probe when it is
 /// empty: the uncontended release costs what v1 costs.
-fn release_light_statement(table: &str, channel: &str) -> String {
+fn release_light_statement(table: &str, channel: &str, v4: bool) -> String {
     let upd = release_update(table);
-    let (alive, dead) = (alive("q"), alive("d"));
+    let (alive, dead) = (alive("q", v4), alive("d", v4));
     format!(
         "{upd} \
          SELECT remaining, \
@@ -355,17 +465,22 @@ fn release_light_statement(table: &str, channel: &str) -> String {
 }
 
 /// Deletes the queue rows of `$1` whose listening session is gone.
-fn cleanup_statement(table: &str) -> String {
-    let alive = alive("d");
+fn cleanup_statement(table: &str, v4: bool) -> String {
+    let alive = alive("d", v4);
     format!("DELETE FROM {table}_waiters d WHERE d.name = $1 AND NOT {alive}")
 }
 
 /// The body of `<table>_release_v2`: the light release (one statement, as v1), then, only when
 /// needed, the deletion of dead listeners' rows and the queueing of the releasing process's own
 /// waiters (`$5`..`$7`) at the back.
-fn release_function_v2(table: &str, channel: &str) -> String {
-    let light = release_light_statement(table, channel);
-    let cleanup = cleanup_statement(table);
+fn release_function_v2(table: &str, channel: &str, v4: bool) -> String {
+    let light = release_light_statement(table, channel, v4);
+    let cleanup = cleanup_statement(table, v4);
+    let (beat_col, beat_val) = if v4 {
+        (", beat", ", clock_timestamp()")
+    } else {
+        ("", "")
+    };
     format!(
         "DECLARE v_rem integer; v_n text; v_dead boolean; \
          BEGIN \
@@ -373,8 +488,8 @@ fn release_function_v2(table: &str, channel: &str) -> String {
            IF NOT FOUND THEN RETURN; END IF; \
            IF v_dead THEN {cleanup}; END IF; \
            IF v_rem = 0 AND $5 IS NOT NULL THEN \
-             INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
-             VALUES ($1, $5, $6, $7, clock_timestamp()) ON CONFLICT (name, channel) DO NOTHING; \
+             INSERT INTO {table}_waiters (name, channel, pid, started_us, since{beat_col}) \
+             VALUES ($1, $5, $6, $7, clock_timestamp(){beat_val}) ON CONFLICT (name, channel) DO NOTHING; \
            END IF; \
            r_remaining := v_rem; r_notified := v_n; RETURN NEXT; \
          END"
@@ -388,13 +503,13 @@ fn release_function_v2(table: &str, channel: &str) -> String {
 fn release_statement(table: &str, channel: &str, fifo: bool) -> String {
     let upd = release_update(table);
     if fifo {
-        let head = pick_head(table, "");
+        let head = pick_head(table, "", true);
         return format!(
             "{upd}, \
              fr AS MATERIALIZED (SELECT 1 AS f FROM upd WHERE remaining = 0 AND $4::bigint IS NULL), \
              enq AS ( \
-               INSERT INTO {table}_waiters (name, channel, pid, started_us, since) \
-               SELECT $1, $5::text, $6::integer, $7::bigint, c.now FROM c, upd \
+               INSERT INTO {table}_waiters (name, channel, pid, started_us, since, beat) \
+               SELECT $1, $5::text, $6::integer, $7::bigint, c.now, c.now FROM c, upd \
                WHERE $5::text IS NOT NULL AND upd.remaining = 0 \
                ON CONFLICT (name, channel) DO NOTHING), \
              {head} \
@@ -434,12 +549,20 @@ const FUNCTIONS_VERSION: u32 = 1;
 const FIFO_VERSION: u32 = 2;
 /// v3: the extend functions do not extend a row the owner released (`count > 0`, sql.md #5).
 const EXTEND_VERSION: u32 = 3;
+/// v4: grants mint their token with the floor of [`mint`] (`<table>_acquire_v4`,
+/// `<table>_acquire_nf_v4`, and the FIFO forms `<table>_acquire_q_v4`, `<table>_acquire_q_nf_v4`),
+/// a busy answer tells no remaining lease from a stale snapshot, durable grants and renewals
+/// (`<table>_extend_v4`, `<table>_extend_nf_v4`) raise `synchronous_commit` to at least `on`,
+/// and the FIFO judges a queued process by its heartbeat too (`<table>_release_q_v4`,
+/// `<table>_leave_v4`).
+const TOKEN_VERSION: u32 = 4;
 
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
 /// (no flush wait, for `synchronous_commit(false)`), `<table>_release_v1`, `<table>_extend_v1`
-/// and `<table>_extend_nf_v1` (kept for older processes; this version calls `<table>_extend_v3`
-/// and `<table>_extend_nf_v3`, which do not extend a released row), each wrapping the statement
+/// and `<table>_extend_nf_v1`, `_v3` (kept for older processes; this version calls the `_v4`
+/// forms: `<table>_acquire_v4`, `<table>_extend_v4` and their `_nf` forms), each wrapping the
+/// statement
 /// the backend otherwise sends, and the
 /// waiters' FIFO forms `<table>_acquire_v2`, `<table>_acquire_nf_v2`, `<table>_release_v2` and
 /// `<table>_leave_v2` (which need the `<table>_waiters` table of [`postgres_schema_sql`]). Teams
@@ -456,8 +579,11 @@ fn functions(table: &str, durable: bool) -> Functions {
     let channel = channel_of(table);
     let v = FUNCTIONS_VERSION;
     let v2 = FIFO_VERSION;
-    let (acquire_d, extend_d) = grant_statements(table, true, false);
-    let (acquire_nf, extend_nf) = grant_statements(table, false, false);
+    let (acquire_d1, extend_d) = grant_statements(table, true, false, false);
+    let (acquire_nf1, extend_nf) = grant_statements(table, false, false, false);
+    let (acquire_d, extend_d4) = grant_statements(table, true, false, true);
+    let (acquire_nf, extend_nf4) = grant_statements(table, false, false, true);
+    let v4 = TOKEN_VERSION;
     // The v1 extend functions as they were (older processes call them); this version calls
     // the v3 ones, which do not extend a released row.
     let nf_sc = format!(", {NO_FLUSH_WAIT} AS sc");
@@ -467,19 +593,26 @@ fn functions(table: &str, durable: bool) -> Functions {
     );
     let v3 = EXTEND_VERSION;
     let release = release_statement(table, &channel, false);
-    let (acquire_d2, _) = grant_statements(table, true, true);
-    let (acquire_nf2, _) = grant_statements(table, false, true);
-    let release2 = release_function_v2(table, &channel);
-    let leave2 = leave_statement(table, &channel);
+    let (acquire_d2, _) = grant_statements(table, true, true, false);
+    let (acquire_nf2, _) = grant_statements(table, false, true, false);
+    let release2 = release_function_v2(table, &channel, false);
+    let leave2 = leave_statement(table, &channel, false);
+    let (acquire_d4, _) = grant_statements(table, true, true, true);
+    let (acquire_nf4, _) = grant_statements(table, false, true, true);
+    let release4 = release_function_v2(table, &channel, true);
+    let leave4 = leave_statement(table, &channel, true);
     // Result columns are named r_*, unlike any table column, so no name in the bodies is
     // ambiguous between a column and an output parameter.
     let grant_args = "bytea, text, bigint";
     let grant_args2 = "bytea, text, bigint, text, integer, bigint";
     let acquire_ret = "r_fence bigint, r_count integer, r_remaining_us bigint, r_sc text";
     let release_ret = "r_remaining integer, r_notified text";
-    let defs: [(&str, u32, &str, &str, &str); 11] = [
-        ("acquire", v, grant_args, acquire_ret, &acquire_d),
-        ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf),
+    let release_args2 = "bytea, text, boolean, bigint, text, integer, bigint";
+    // Older versions' functions first (kept as they were, for their processes), then this
+    // version's.
+    let defs: [(&str, u32, &str, &str, &str); 19] = [
+        ("acquire", v, grant_args, acquire_ret, &acquire_d1),
+        ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf1),
         (
             "release",
             v,
@@ -506,6 +639,20 @@ fn functions(table: &str, durable: bool) -> Functions {
             "bytea, text, boolean",
             "r_notified text",
             &leave2,
+        ),
+        ("acquire", v4, grant_args, acquire_ret, &acquire_d),
+        ("acquire_nf", v4, grant_args, acquire_ret, &acquire_nf),
+        ("extend", v4, grant_args, "r_one integer", &extend_d4),
+        ("extend_nf", v4, grant_args, "r_one integer", &extend_nf4),
+        ("acquire_q", v4, grant_args2, acquire_ret, &acquire_d4),
+        ("acquire_q_nf", v4, grant_args2, acquire_ret, &acquire_nf4),
+        ("release_q", v4, release_args2, release_ret, &release4),
+        (
+            "leave",
+            v4,
+            "bytea, text, boolean",
+            "r_notified text",
+            &leave4,
         ),
     ];
     let ddl = defs
@@ -537,17 +684,18 @@ fn functions(table: &str, durable: bool) -> Functions {
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: exist_of(&|ver| ver == v || ver == v3),
+        exist: exist_of(&|ver| ver == v || ver == v4),
         exist_fifo: exist_of(&|_| true),
-        acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v}($1, $2, $3)"),
+        acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v4}($1, $2, $3)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
-        extend: format!("SELECT * FROM {table}_extend{nf}_v{v3}($1, $2, $3)"),
+        extend: format!("SELECT * FROM {table}_extend{nf}_v{v4}($1, $2, $3)"),
         fifo: Fifo {
-            acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v2}($1, $2, $3, $4, $5, $6)"),
-            release: format!("SELECT * FROM {table}_release_v{v2}($1, $2, $3, $4, $5, $6, $7)"),
+            acquire: format!("SELECT * FROM {table}_acquire_q{nf}_v{v4}($1, $2, $3, $4, $5, $6)"),
+            release: format!("SELECT * FROM {table}_release_q_v{v4}($1, $2, $3, $4, $5, $6, $7)"),
             release_light: String::new(),
             cleanup: String::new(),
-            leave: format!("SELECT * FROM {table}_leave_v{v2}($1, $2, $3)"),
+            leave: format!("SELECT * FROM {table}_leave_v{v4}($1, $2, $3)"),
+            beat: String::new(),
         },
     }
 }
@@ -557,14 +705,15 @@ impl Sql {
     fn new(table: &str, durable: bool) -> Result<Sql, LockError> {
         let schema = postgres_schema_sql(table)?;
         let channel = channel_of(table);
-        let (acquire, extend) = grant_statements(table, durable, false);
+        let (acquire, extend) = grant_statements(table, durable, false, true);
         let release = release_statement(table, &channel, false);
         let fifo = Fifo {
-            acquire: grant_statements(table, durable, true).0,
+            acquire: grant_statements(table, durable, true, true).0,
             release: release_statement(table, &channel, true),
-            release_light: release_light_statement(table, &channel),
-            cleanup: cleanup_statement(table),
-            leave: leave_statement(table, &channel),
+            release_light: release_light_statement(table, &channel, true),
+            cleanup: cleanup_statement(table, true),
+            leave: leave_statement(table, &channel, true),
+            beat: beat_statement(table),
         };
         let functions = functions(table, durable);
         // Rows idle this long can be deleted: a statement that took a sequence number before the
@@ -579,7 +728,12 @@ impl Sql {
             extend,
             sweep,
             schema,
-            waiters_exist: format!("SELECT to_regclass('{table}_waiters') IS NOT NULL"),
+            // With its heartbeat column (a table of an older version has none: no FIFO).
+            waiters_exist: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass('{table}_waiters') AND attname = 'beat' \
+                   AND NOT attisdropped)"
+            ),
             channel,
             fifo,
             functions,
@@ -1003,6 +1157,7 @@ impl PostgresBackendBuilder {
         } else {
             backend.ping().await?;
         }
+        backend.warn_if_spelled_otherwise().await;
         let mut fifo = self.fifo_wakeups
             && !self.advisory
             && backend.inner.listen_config.is_some()
@@ -1184,6 +1339,35 @@ impl Drop for TryGuard<'_> {
     }
 }
 
+/// After a try that may have queued this process (see [`PostgresBackend::queue_as`]): a grant
+/// took it out of the queue; and when the local waiters that made it queue all left while it ran
+/// (it was another caller's first try, or it was dropped unread at a deadline), nobody here would
+/// delete its row or forget the name, so it leaves now (a waiter that registers next queues
+/// again, after the leave; a row committed after the leave is deleted by a release once its
+/// heartbeat is stale).
+struct QueuedTry<'a> {
+    b: &'a PostgresBackend,
+    name: &'a str,
+    me: &'a Arc<Me>,
+    granted: bool,
+}
+
+impl Drop for QueuedTry<'_> {
+    fn drop(&mut self) {
+        if !self.granted && self.b.inner.waiters.has_waiters(self.name) {
+            return;
+        }
+        let mine = {
+            let mut mq = locked(&self.b.inner.queueing.maybe_queued);
+            mq.get(self.name).is_some_and(|x| Arc::ptr_eq(x, self.me))
+                && mq.remove(self.name).is_some()
+        };
+        if mine && !self.granted {
+            self.b.spawn_leave(self.name, self.me.clone(), true, false);
+        }
+    }
+}
+
 /// The identity of a listening session, by which this process queues: its own channel
 /// `dlock_w<pid>_<start µs>`, its pid and its start (so a reused pid is not taken for it).
 #[derive(Debug, PartialEq, Eq)]
@@ -1228,6 +1412,12 @@ pub struct PostgresWaitStats {
     /// Turns passed on to the next process in line (a notification for a name no local caller
     /// waits for any more, or a waiter that left with an unused wake-up).
     pub passed_on: u64,
+    /// Names this process may have a row for in the waiters' queue now.
+    pub queued_names: usize,
+    /// Leave statements under way now.
+    pub leaving: usize,
+    /// Acquire statements whose reply was not read, kept for their give-back, now.
+    pub tries_in_flight: usize,
 }
 
 impl Drop for Inner {
@@ -1382,6 +1572,39 @@ impl PostgresBackend {
         Err(last.unwrap_or_else(|| LockError::Config("server function creation failed".into())))
     }
 
+    /// Warns when the configured table name is not the table's canonical spelling (`relname`
+    /// in `public`, else `schema.relname`): the advisory key space and the release channel
+    /// follow the configured string, so processes that spell one table differently do not
+    /// exclude each other in advisory mode and do not hear each other's releases (sql.md #11;
+    /// see the README). Best effort: a failed check says nothing.
+    async fn warn_if_spelled_otherwise(&self) {
+        let pool = &self.inner.pool;
+        let table = self.inner.table.clone();
+        let r = bounded("", "the table name check", self.inner.op_timeout, async {
+            let c = pool.get().await?;
+            let rows = c
+                .query_typed(
+                    "SELECT CASE WHEN n.nspname = 'public' THEN c.relname \
+                                 ELSE n.nspname || '.' || c.relname END \
+                     FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE c.oid = to_regclass($1)",
+                    &[(&table.as_str(), Type::TEXT)],
+                )
+                .await?;
+            Ok::<_, DynError>(rows.first().and_then(|r| r.try_get::<_, String>(0).ok()))
+        })
+        .await;
+        if let Ok(Some(canonical)) = r
+            && canonical != self.inner.table
+        {
+            tracing::warn!(
+                table = %self.inner.table,
+                canonical = %canonical,
+                "dlock: PostgreSQL table named otherwise than its canonical spelling; every process must spell it the same way (advisory keys and release channels follow the configured name)"
+            );
+        }
+    }
+
     /// Whether the table of the waiters' FIFO exists.
     async fn waiters_table_exists(&self) -> Result<bool, LockError> {
         let pool = &self.inner.pool;
@@ -1411,6 +1634,9 @@ impl PostgresBackend {
             queue_wakeups: q.queue_wakeups.load(Relaxed),
             broadcast_wakeups: q.broadcast_wakeups.load(Relaxed),
             passed_on: q.passed_on.load(Relaxed),
+            queued_names: locked(&q.maybe_queued).len(),
+            leaving: locked(&q.leaving).len(),
+            tries_in_flight: locked(&self.inner.tries).len(),
         }
     }
 
@@ -1463,7 +1689,11 @@ impl PostgresBackend {
             },
             None => return,
         };
-        self.spawn_leave(name, me, woken);
+        // Always passed on when the name is free (sql.md #13): a waiter that consumed its
+        // wake-up and was then cancelled or timed out before its retry became a grant leaves
+        // `woken` false, and its turn was lost until the others' timers fired. The statement
+        // notifies only when the name is free: at most one extra wake-up.
+        self.spawn_leave(name, me, true, woken);
     }
 
     /// Deletes, in the background, the queue rows of `name` whose listeners are gone (a light
@@ -1490,13 +1720,14 @@ impl PostgresBackend {
     }
 
     /// Runs the leave statement of `name` for the identity `me` in the background; `pass`: wake
-    /// the next process in line when the name is free.
-    fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool) {
+    /// the next process in line when the name is free; `unused`: this process leaves with a
+    /// wake-up it did not use (counted in [`PostgresWaitStats::passed_on`]).
+    fn spawn_leave(&self, name: &str, me: Arc<Me>, pass: bool, unused: bool) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
         let q = &self.inner.queueing;
-        if pass {
+        if unused {
             q.passed_on
                 .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
@@ -1852,7 +2083,7 @@ async fn listen_loop(
                     && let Some(inner) = inner_n.upgrade()
                 {
                     locked(&q_n.maybe_queued).remove(&name);
-                    PostgresBackend { inner }.spawn_leave(&name, me.clone(), true);
+                    PostgresBackend { inner }.spawn_leave(&name, me.clone(), true, true);
                 }
             }
         });
@@ -1875,15 +2106,24 @@ async fn listen_loop(
                 if let Some(w) = waiters.upgrade() {
                     w.wake_all();
                 }
+                let beat_sql = inner.upgrade().map(|i| i.sql.fifo.beat.clone());
+                let mut missing = std::collections::HashSet::new();
                 loop {
                     tokio::select! {
                         _ = &mut driver => break,
                         _ = cancel.cancelled() => { driver.abort(); return; }
-                        _ = tokio::time::sleep(Duration::from_secs(2)) => {
-                            let alive = matches!(
-                                tokio::time::timeout(op_timeout, client.simple_query("SELECT 1")).await,
-                                Ok(Ok(_))
-                            );
+                        _ = tokio::time::sleep(BEAT_EVERY) => {
+                            // The heartbeat of this process's queued rows doubles as the
+                            // connection's liveness check.
+                            let alive = match (own.get(), &beat_sql) {
+                                (Some(me), Some(sql)) if queueing.fifo.load(Relaxed) => {
+                                    beat(&client, sql, me, &queueing, &waiters, &mut missing, op_timeout).await
+                                }
+                                _ => matches!(
+                                    tokio::time::timeout(op_timeout, client.simple_query("SELECT 1")).await,
+                                    Ok(Ok(_))
+                                ),
+                            };
                             if !alive {
                                 break;
                             }
@@ -1905,6 +2145,77 @@ async fn listen_loop(
         }
         backoff = (backoff * 2).min(Duration::from_secs(2));
     }
+}
+
+/// The listener's heartbeat (see [`beat_statement`]): renews the beat of the rows this process
+/// may have queued, and wakes a local waiter of a name that has been free for [`STALL_AFTER`]
+/// (the process a release woke is not acting) or whose row is gone two beats in a row (a release
+/// took it for a dead listener's: the next try queues it again). `false`: the connection failed.
+async fn beat(
+    client: &tokio_postgres::Client,
+    sql: &str,
+    me: &Me,
+    queueing: &Queueing,
+    waiters: &std::sync::Weak<WaitQueues>,
+    missing: &mut std::collections::HashSet<String>,
+    op_timeout: Duration,
+) -> bool {
+    let names: Vec<String> = locked(&queueing.maybe_queued)
+        .iter()
+        .filter(|(_, m)| m.channel == me.channel)
+        .map(|(n, _)| n.clone())
+        .collect();
+    if names.is_empty() {
+        missing.clear();
+        return matches!(
+            tokio::time::timeout(op_timeout, client.simple_query("SELECT 1")).await,
+            Ok(Ok(_))
+        );
+    }
+    let bytes: Vec<&[u8]> = names.iter().map(|n| n.as_bytes()).collect();
+    let rows = match tokio::time::timeout(
+        op_timeout,
+        client.query_typed(
+            sql,
+            &[
+                (&bytes, Type::BYTEA_ARRAY),
+                (&me.channel.as_str(), Type::TEXT),
+            ],
+        ),
+    )
+    .await
+    {
+        Ok(Ok(rows)) => rows,
+        Ok(Err(e)) if e.as_db_error().is_some() => {
+            // A SQL error (the waiters table changed under us): the connection is fine.
+            tracing::debug!(error = %e, "dlock: PostgreSQL heartbeat of the waiters' queue failed");
+            return true;
+        }
+        _ => return false,
+    };
+    let Some(w) = waiters.upgrade() else {
+        return true;
+    };
+    let mut now_missing = std::collections::HashSet::new();
+    for r in rows {
+        let (Ok(name), Ok(renewed), Ok(free)) = (
+            r.try_get::<_, Vec<u8>>(0),
+            r.try_get::<_, bool>(1),
+            r.try_get::<_, bool>(2),
+        ) else {
+            continue;
+        };
+        let Ok(name) = String::from_utf8(name) else {
+            continue;
+        };
+        if free || (!renewed && missing.contains(&name)) {
+            w.wake_one(&name);
+        } else if !renewed {
+            now_missing.insert(name);
+        }
+    }
+    *missing = now_missing;
+    true
 }
 
 /// Whether a session advisory lock taken on `client` can be taken from a connection of `pool`
@@ -2050,6 +2361,13 @@ impl Backend for PostgresBackend {
                 }
                 Some(m) => {
                     self.before_queueing(name, m).await;
+                    // Checked however the try ends (answered, failed, or dropped unread).
+                    let mut after = QueuedTry {
+                        b: self,
+                        name,
+                        me: m,
+                        granted: false,
+                    };
                     let rows = self
                         .query_try(
                             name,
@@ -2066,15 +2384,10 @@ impl Backend for PostgresBackend {
                         )
                         .await?;
                     // A grant took this process out of the queue.
-                    if rows
+                    after.granted = rows
                         .first()
-                        .is_some_and(|r| r.try_get::<_, Option<i64>>(0).ok().flatten().is_some())
-                    {
-                        let mut mq = locked(&q.maybe_queued);
-                        if mq.get(name).is_some_and(|x| Arc::ptr_eq(x, m)) {
-                            mq.remove(name);
-                        }
-                    }
+                        .is_some_and(|r| r.try_get::<_, Option<i64>>(0).ok().flatten().is_some());
+                    drop(after);
                     rows
                 }
             };
@@ -2202,6 +2515,14 @@ impl super::ReleaseOnce for PostgresBackend {
             if let Some(m) = &me {
                 self.before_queueing(name, m).await;
             }
+            // The waiters this release queued for may all leave while it runs (a background
+            // give-back runs after them): then nobody here would forget the name.
+            let _after = me.as_ref().map(|m| QueuedTry {
+                b: self,
+                name,
+                me: m,
+                granted: false,
+            });
             let (ch, pid, started) = match &me {
                 Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
                 None => (None, None, None),
