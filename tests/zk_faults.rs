@@ -482,3 +482,179 @@ async fn a_release_goes_on_on_the_driver_when_its_caller_goes_away() {
     );
     assert_eq!(b.session_id(), sid, "deleted on the same session");
 }
+
+/// The holder node of `name` (the lowest sequence) and its `ctime` in µs, read by `c`.
+async fn holder_ctime_us(c: &zookeeper_client::Client, dir: &str) -> u64 {
+    let mut kids = c.list_children(dir).await.expect("the lock parent");
+    kids.sort_by_key(|k| {
+        k.rsplit("-lock-")
+            .next()
+            .and_then(|s| s.parse::<i64>().ok())
+    });
+    let first = kids.first().expect("a holder node");
+    let (_, st) = c
+        .get_data(&format!("{dir}/{first}"))
+        .await
+        .expect("the holder node");
+    st.ctime as u64 * 1000
+}
+
+/// The token rule on ZooKeeper (issue 18): every grant's token is at least its node's `ctime` in
+/// µs (so a fenced resource moved from Redis or MySQL, whose tokens are server µs, keeps
+/// accepting writes) and strictly larger than every earlier grant's of the name, across leader
+/// changes between members whose wall clocks differ by 16 s (libfaketime: +8 s, 0, −8 s; the
+/// leader stamps `ctime`). The leader moves from the +8 s member to the −8 s one, so `ctime`
+/// itself steps back by about 16 s: a token taken from `ctime` alone would go backwards; the
+/// one stored in the lock parent does not. Before the fix the token was the `czxid` (about
+/// 1e10, far below µs since the epoch): the first assertion failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_with_skewed_clocks() {
+    use common::zookeeper::EnsembleOpts;
+    let opts = EnsembleOpts {
+        clock_offsets: [None, Some("-8s"), Some("+8s")],
+        ..EnsembleOpts::default()
+    };
+    let mut e = tokio::task::spawn_blocking(move || ZkEnsemble::start_with(opts))
+        .await
+        .unwrap();
+    let b = Arc::new(backend(&e.hosts(), Duration::from_secs(4), Duration::from_secs(5)).await);
+    let admin_c = common::zookeeper::connector()
+        .session_timeout(Duration::from_secs(5))
+        .connect(&e.hosts())
+        .await
+        .expect("admin client");
+    let dir = b.lock_dir("skewed");
+    let mut last = 0u64;
+    let mut ctimes = Vec::new();
+    // Steer the leadership to member 3 (+8 s): the highest server id wins an election among
+    // members with the same data, so killing any other leader moves it there.
+    for round in 0..3 {
+        let leader = wait_leader(&e).await;
+        if leader == 2 {
+            break;
+        }
+        assert!(round < 2, "member 3 never became the leader");
+        e.kill(leader);
+        let _ = wait_leader(&e).await;
+        e.restart(leader);
+    }
+    let mut grant = async |phase: &str, last: &mut u64, ctimes: &mut Vec<u64>| {
+        for i in 0..5 {
+            let g = Lock::new("skewed")
+                .with_backend(b.clone())
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap_or_else(|err| panic!("{phase} grant {i}: {err}"));
+            let t = g.fencing_token();
+            let ctime = holder_ctime_us(&admin_c, &dir).await;
+            assert!(
+                t >= ctime,
+                "{phase} grant {i}: token {t} is below its node's ctime in µs ({ctime})"
+            );
+            assert!(
+                t > *last,
+                "{phase} grant {i}: token {t} is not above the last one ({last})"
+            );
+            *last = t;
+            ctimes.push(ctime);
+            g.release().await.unwrap();
+        }
+    };
+    grant("leader +8 s", &mut last, &mut ctimes).await;
+    let fast_max = *ctimes.iter().max().unwrap();
+    // Member 3 goes: member 2 (−8 s, the higher id left) leads.
+    e.kill(2);
+    let leader = wait_leader(&e).await;
+    assert_eq!(leader, 1, "member 2 leads after member 3 went");
+    ctimes.clear();
+    grant("leader -8 s", &mut last, &mut ctimes).await;
+    let slow_min = *ctimes.iter().min().unwrap();
+    eprintln!("ctime µs: +8 s leader up to {fast_max}, -8 s leader from {slow_min}");
+    // libfaketime took effect on the JVM: the new leader's ctimes are well behind.
+    assert!(
+        slow_min + 10_000_000 < fast_max,
+        "the members' clock offsets did not show in ctime ({fast_max} then {slow_min})"
+    );
+    // And back: member 3 again (its restart catches up first), the clock steps forward.
+    e.restart(2);
+    let back = common::eventually(Duration::from_secs(300), || async {
+        e.mode(2).is_some()
+    })
+    .await;
+    assert!(back, "member 3 did not rejoin");
+    grant("member 3 back", &mut last, &mut ctimes).await;
+}
+
+/// The leader's index, waiting up to 300 s for one to be elected (members under libfaketime
+/// start slowly on a loaded machine).
+async fn wait_leader(e: &ZkEnsemble) -> usize {
+    let until = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(l) = e.leader() {
+            return l;
+        }
+        assert!(Instant::now() < until, "no leader within 300 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A holder connected to a follower that is cut off from its peers (proxied quorum and election
+/// ports dropped both ways; its client port stays reachable) must count itself lost by the time
+/// the leader expires its session and grants the lock to someone else (review M3, issue 18). The
+/// follower goes on answering reads and pings from its own state until its `syncLimit` (here 40
+/// ticks, 10 s) runs out, so a renewal that only reads the node kept moving the holder's
+/// deadline: at the other contender's grant the stale holder was still valid. The renewal now
+/// `sync`s first, which only the leader can complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_partitioned_follower_is_lost_before_the_leader_grants_again() {
+    use common::zookeeper::EnsembleOpts;
+    let opts = EnsembleOpts {
+        proxied_peers: true,
+        sync_limit: Some(40),
+        ..EnsembleOpts::default()
+    };
+    let e = tokio::task::spawn_blocking(move || ZkEnsemble::start_with(opts))
+        .await
+        .unwrap();
+    let leader = wait_leader(&e).await;
+    let follower = (leader + 1) % ZkEnsemble::SIZE;
+    assert_eq!(e.mode(follower).as_deref(), Some("follower"));
+    let on = |i: usize| format!("127.0.0.1:{}", e.client_port(i));
+    let a = backend(&on(follower), SESSION, Duration::from_secs(1)).await;
+    let b = backend(&on(leader), SESSION, Duration::from_secs(5)).await;
+    let held = Lock::new("cut-off")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(SESSION)
+        .acquire()
+        .await
+        .expect("the holder on the follower");
+    // A few renewals through the healthy follower first.
+    tokio::time::sleep(SESSION).await;
+    assert!(held.is_valid(), "renewals through a healthy follower");
+    let cut = Instant::now();
+    e.partition(follower);
+    let g = Lock::new("cut-off")
+        .with_backend(Arc::new(b.clone()))
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the leader expires the cut-off session and grants the lock");
+    let granted = cut.elapsed();
+    let stale_valid = held.is_valid();
+    eprintln!(
+        "granted {granted:?} after the cut; the stale holder valid then: {stale_valid}, lost: {:?}",
+        held.lost_reason()
+    );
+    assert!(
+        !stale_valid,
+        "the holder on the partitioned follower was still valid when the leader granted the \
+         lock again ({granted:?} after the cut)"
+    );
+    assert!(held.lost_reason().is_some(), "the stale holder heard the loss");
+    // And it stays lost while the follower still answers (up to its syncLimit).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!held.is_valid());
+    g.release().await.unwrap();
+    e.heal(follower);
+}
