@@ -841,11 +841,18 @@ async fn a_thousand_timed_out_waits_and_busy_tries_leave_no_task_and_no_watch() 
     for i in 0..1000 {
         let r = Lock::new("held-long")
             .with_backend(b2d.clone())
-            .wait(Duration::from_millis(5))
+            .wait(Duration::from_millis(20))
             .acquire()
             .await;
+        // A wait this short ends timed out, or (its first reply later than the wait) as a
+        // backend error: either way the contender leaves.
         assert!(
-            matches!(r, Err(dlock::LockError::TimedOut { .. } | dlock::LockError::Busy { .. })),
+            matches!(
+                r,
+                Err(dlock::LockError::TimedOut { .. }
+                    | dlock::LockError::Busy { .. }
+                    | dlock::LockError::Backend { .. })
+            ),
             "wait {i}: {r:?}"
         );
         let r = Lock::new("held-long").with_backend(b2d.clone()).acquire().await;
@@ -875,4 +882,49 @@ async fn a_thousand_timed_out_waits_and_busy_tries_leave_no_task_and_no_watch() 
         0,
         "the release woke a contender that had left"
     );
+}
+
+/// Review m6: the first digest identity to lock on a fresh ensemble creates the root. Before, it
+/// made it (like every missing ancestor) a container with `creator_all`, so a second service with
+/// its own digest user got `NoAuth` for every name until the root emptied and went. Now the root
+/// is a plain persistent node that every identity may read and create lock parents under, while
+/// each lock parent and node stays its creator's only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_made_by_one_digest_identity_lets_another_lock_its_own_names() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let with = |user: &'static str| {
+        dlock::ZookeeperBackend::builder(&server.hosts())
+            .session_timeout(SESSION)
+            .root("/apps/dlock")
+            .digest_auth(user, "pw")
+    };
+    let first = Arc::new(with("first").build().await.unwrap());
+    let second = Arc::new(with("second").build().await.unwrap());
+    let g1 = Lock::new("one").with_backend(first.clone()).acquire().await.unwrap();
+    let g2 = Lock::new("two")
+        .with_backend(second.clone())
+        .acquire()
+        .await
+        .expect("another identity locks its own name under the root the first one made");
+    // The other's lock parent stays closed to it.
+    let e = Lock::new("one").with_backend(second.clone()).acquire().await.unwrap_err();
+    assert!(is_no_auth(&e), "{e:?}");
+    let c = admin(&server).await;
+    for root in ["/apps", "/apps/dlock"] {
+        let (_, st) = c.get_data(root).await.unwrap();
+        assert_eq!(st.ephemeral_owner, 0, "{root} is not ephemeral");
+        let (acl, _) = c.get_acl(root).await.unwrap();
+        assert!(
+            acl.iter().any(|a| a.scheme() == "world"
+                && a.permission() == zk::Permission::READ | zk::Permission::CREATE),
+            "{root}: {acl:?}"
+        );
+    }
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    // Persistent, not a container: still there once every lock is gone (the container manager
+    // runs every 500 ms on the test servers).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(c.check_stat("/apps/dlock").await.unwrap().is_some());
 }

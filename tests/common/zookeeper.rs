@@ -340,6 +340,8 @@ pub struct EnsembleOpts {
     /// `syncLimit` in ticks (default 8): how long a follower cut off from its leader goes on
     /// serving before it notices.
     pub sync_limit: Option<u32>,
+    /// `maxSessionTimeout` (default 20 ticks, 5 s).
+    pub max_session: Option<Duration>,
 }
 
 /// A private 3-server ZooKeeper ensemble on free loopback ports (client, quorum and election
@@ -420,6 +422,9 @@ impl ZkEnsemble {
             data.display(),
             self.ports[i].0
         );
+        if let Some(m) = self.opts.max_session {
+            cfg.push_str(&format!("maxSessionTimeout={}\n", m.as_millis()));
+        }
         for (j, (_, q, el)) in self.ports.iter().enumerate() {
             // A member binds its own line; it reaches the others through its proxies to them.
             let (q, el) = match self.peer_proxies.get(&(i, j)) {

@@ -1023,7 +1023,9 @@ impl Inner {
         if let Some(h) = &existing
             && h.session == session
             && !h.held
+            && h.releasing.is_none()
             && h.watching
+            && h.watch_task.is_some()
         {
             // Queued behind a predecessor that is still there (its change would have fired the
             // watch, which clears `watching` before it wakes anyone): still busy, no request.
