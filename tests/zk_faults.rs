@@ -569,7 +569,7 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
         let _ = wait_leader(&e).await;
         e.restart(leader);
     }
-    let mut grant = async |phase: &str, last: &mut u64, ctimes: &mut Vec<u64>| {
+    let grant = async |phase: &str, last: &mut u64, ctimes: &mut Vec<u64>| {
         for i in 0..5 {
             let g = Lock::new("skewed")
                 .with_backend(b.clone())
@@ -581,7 +581,10 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
             let Some(ctime) = holder_ctime_us(&hosts, &dir).await else {
                 // Lost before it could be read (a slow election on a loaded machine): its
                 // token still counts for the order below.
-                assert!(!g.is_valid(), "{phase} grant {i}: a valid holder without a node");
+                assert!(
+                    !g.is_valid(),
+                    "{phase} grant {i}: a valid holder without a node"
+                );
                 assert!(t > *last, "{phase} grant {i}: token {t} not above {last}");
                 *last = t;
                 let _ = g.release().await;
@@ -622,10 +625,7 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
     );
     // And back: member 3 again (its restart catches up first), the clock steps forward.
     e.restart(2);
-    let back = common::eventually(Duration::from_secs(300), || async {
-        e.mode(2).is_some()
-    })
-    .await;
+    let back = common::eventually(Duration::from_secs(300), || async { e.mode(2).is_some() }).await;
     assert!(back, "member 3 did not rejoin");
     grant("member 3 back", &mut last, &mut ctimes).await;
 }
@@ -697,7 +697,10 @@ async fn a_holder_on_a_partitioned_follower_is_lost_before_the_leader_grants_aga
         "the holder on the partitioned follower was still valid when the leader granted the \
          lock again ({granted:?} after the cut)"
     );
-    assert!(held.lost_reason().is_some(), "the stale holder heard the loss");
+    assert!(
+        held.lost_reason().is_some(),
+        "the stale holder heard the loss"
+    );
     // And it stays lost while the follower still answers (up to its syncLimit).
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(!held.is_valid());

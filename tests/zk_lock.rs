@@ -855,8 +855,14 @@ async fn a_thousand_timed_out_waits_and_busy_tries_leave_no_task_and_no_watch() 
             ),
             "wait {i}: {r:?}"
         );
-        let r = Lock::new("held-long").with_backend(b2d.clone()).acquire().await;
-        assert!(matches!(r, Err(dlock::LockError::Busy { .. })), "try {i}: {r:?}");
+        let r = Lock::new("held-long")
+            .with_backend(b2d.clone())
+            .acquire()
+            .await;
+        assert!(
+            matches!(r, Err(dlock::LockError::Busy { .. })),
+            "try {i}: {r:?}"
+        );
     }
     let admin_c = admin(&server).await;
     let dir = b1.lock_dir("held-long");
@@ -901,14 +907,22 @@ async fn a_root_made_by_one_digest_identity_lets_another_lock_its_own_names() {
     };
     let first = Arc::new(with("first").build().await.unwrap());
     let second = Arc::new(with("second").build().await.unwrap());
-    let g1 = Lock::new("one").with_backend(first.clone()).acquire().await.unwrap();
+    let g1 = Lock::new("one")
+        .with_backend(first.clone())
+        .acquire()
+        .await
+        .unwrap();
     let g2 = Lock::new("two")
         .with_backend(second.clone())
         .acquire()
         .await
         .expect("another identity locks its own name under the root the first one made");
     // The other's lock parent stays closed to it.
-    let e = Lock::new("one").with_backend(second.clone()).acquire().await.unwrap_err();
+    let e = Lock::new("one")
+        .with_backend(second.clone())
+        .acquire()
+        .await
+        .unwrap_err();
     assert!(is_no_auth(&e), "{e:?}");
     let c = admin(&server).await;
     for root in ["/apps", "/apps/dlock"] {

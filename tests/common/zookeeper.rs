@@ -355,7 +355,8 @@ pub struct ZkEnsemble {
     children: Vec<Option<Child>>,
     opts: EnsembleOpts,
     /// `(from, to)` -> proxies to `to`'s quorum and election ports, used by `from`.
-    peer_proxies: std::collections::HashMap<(usize, usize), (super::proxy::Proxy, super::proxy::Proxy)>,
+    peer_proxies:
+        std::collections::HashMap<(usize, usize), (super::proxy::Proxy, super::proxy::Proxy)>,
 }
 
 impl ZkEnsemble {

@@ -1195,8 +1195,12 @@ impl Inner {
             let last = last_token(&data).map_or(0, |(t, _)| t);
             let token = last.saturating_add(1).max(floor);
             let mut w = c.new_check_writer(path, None).map_err(|e| be(name, e))?;
-            w.add_set_data(dir, format!("{token} {mine}").as_bytes(), Some(stat.version))
-                .map_err(|e| be(name, e))?;
+            w.add_set_data(
+                dir,
+                format!("{token} {mine}").as_bytes(),
+                Some(stat.version),
+            )
+            .map_err(|e| be(name, e))?;
             match tokio::time::timeout(self.cfg.request_timeout, w.commit()).await {
                 Ok(Ok(_)) => return Ok(token),
                 Ok(Err(zk::CheckWriteError::CheckFailed { .. })) => {

@@ -743,8 +743,20 @@ mod tests {
 
     #[test]
     fn the_token_a_grant_stored_is_read_back_for_its_node_only() {
-        assert_eq!(token_of(b"1795676489419000 _c_a-lock-0000000003", "_c_a-lock-0000000003"), Some(1795676489419000));
-        assert_eq!(token_of(b"1795676489419000 _c_a-lock-0000000003", "_c_b-lock-0000000004"), None);
+        assert_eq!(
+            token_of(
+                b"1795676489419000 _c_a-lock-0000000003",
+                "_c_a-lock-0000000003"
+            ),
+            Some(1795676489419000)
+        );
+        assert_eq!(
+            token_of(
+                b"1795676489419000 _c_a-lock-0000000003",
+                "_c_b-lock-0000000004"
+            ),
+            None
+        );
         assert_eq!(token_of(b"", "_c_a-lock-0000000003"), None);
         assert_eq!(token_of(b"garbage", "_c_a-lock-0000000003"), None);
     }
