@@ -494,6 +494,7 @@ async fn holder_ctime_us(hosts: &str, dir: &str) -> Option<u64> {
                 .connect(hosts)
                 .await?;
             let mut kids = c.list_children(dir).await?;
+            kids.retain(|k| k.contains("-lock-"));
             kids.sort_by_key(|k| {
                 k.rsplit("-lock-")
                     .next()
@@ -519,16 +520,17 @@ async fn holder_ctime_us(hosts: &str, dir: &str) -> Option<u64> {
 /// The token rule on ZooKeeper (issue 18): every grant's token is at least its node's `ctime` in
 /// µs (so a fenced resource moved from Redis or MySQL, whose tokens are server µs, keeps
 /// accepting writes) and strictly larger than every earlier grant's of the name, across leader
-/// changes between members whose wall clocks differ by 16 s (libfaketime: +8 s, 0, −8 s; the
-/// leader stamps `ctime`). The leader moves from the +8 s member to the −8 s one, so `ctime`
-/// itself steps back by about 16 s: a token taken from `ctime` alone would go backwards; the
+/// changes between members whose wall clocks differ by 120 s (libfaketime: +60 s, 0, −60 s; the
+/// leader stamps `ctime`). The leader moves from the +60 s member to one at least 60 s behind,
+/// so `ctime` itself steps back (60 or 120 s less the election's time): a token taken from `ctime` alone would
+/// go backwards (seen: with ±8 s offsets, a slow election on a loaded machine hid the step); the
 /// one stored in the lock parent does not. Before the fix the token was the `czxid` (about
 /// 1e10, far below µs since the epoch): the first assertion failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_with_skewed_clocks() {
     use common::zookeeper::EnsembleOpts;
     let opts = EnsembleOpts {
-        clock_offsets: [None, Some("-8s"), Some("+8s")],
+        clock_offsets: [None, Some("-60s"), Some("+60s")],
         // Sessions outlive a slow election of members under libfaketime on a loaded machine.
         max_session: Some(Duration::from_secs(30)),
         ..EnsembleOpts::default()
@@ -557,7 +559,7 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
     let dir = b.lock_dir("skewed");
     let mut last = 0u64;
     let mut ctimes = Vec::new();
-    // Steer the leadership to member 3 (+8 s): the highest server id wins an election among
+    // Steer the leadership to member 3 (+60 s): the highest server id wins an election among
     // members with the same data, so killing any other leader moves it there.
     for round in 0..3 {
         let leader = wait_leader(&e).await;
@@ -568,6 +570,30 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
         e.kill(leader);
         let _ = wait_leader(&e).await;
         e.restart(leader);
+    }
+    // The lock parent is a container: once empty the server removes it (every 500 ms on the
+    // test servers, 60 s by default), and `last` with it; the next grant's floor is then only
+    // its node's ctime (the README states this limit). Keep it here with a foreign child, as a
+    // name in use keeps it.
+    {
+        let g = Lock::new("skewed")
+            .with_backend(b.clone())
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("a first grant makes the lock parent");
+        last = g.fencing_token();
+        let c = common::zookeeper::connector()
+            .session_timeout(Duration::from_secs(10))
+            .connect(&hosts)
+            .await
+            .expect("admin client");
+        let opts = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        c.create(&format!("{dir}/keep"), b"", &opts)
+            .await
+            .expect("a foreign child keeps the lock parent");
+        let _ = g.release().await;
     }
     let grant = async |phase: &str, last: &mut u64, ctimes: &mut Vec<u64>| {
         for i in 0..5 {
@@ -608,19 +634,22 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
             }
         }
     };
-    grant("leader +8 s", &mut last, &mut ctimes).await;
+    grant("leader +60 s", &mut last, &mut ctimes).await;
     let fast_max = *ctimes.iter().max().unwrap();
-    // Member 3 goes: member 2 (−8 s, the higher id left) leads.
+    // Member 3 goes.
     e.kill(2);
+    // Member 2 (−60 s) or member 1 (host clock) leads, whichever has the later data: either
+    // way its clock is at least 60 s behind member 3's.
     let leader = wait_leader(&e).await;
-    assert_eq!(leader, 1, "member 2 leads after member 3 went");
+    assert_ne!(leader, 2, "member 3 is down");
+    eprintln!("member {} leads after member 3 went", leader + 1);
     ctimes.clear();
-    grant("leader -8 s", &mut last, &mut ctimes).await;
+    grant("leader -60 s", &mut last, &mut ctimes).await;
     let slow_min = *ctimes.iter().min().unwrap();
-    eprintln!("ctime µs: +8 s leader up to {fast_max}, -8 s leader from {slow_min}");
+    eprintln!("ctime µs: +60 s leader up to {fast_max}, -60 s leader from {slow_min}");
     // libfaketime took effect on the JVM: the new leader's ctimes are well behind.
     assert!(
-        slow_min + 10_000_000 < fast_max,
+        slow_min + 30_000_000 < fast_max,
         "the members' clock offsets did not show in ctime ({fast_max} then {slow_min})"
     );
     // And back: member 3 again (its restart catches up first), the clock steps forward.
