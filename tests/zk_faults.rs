@@ -557,7 +557,7 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
     let b = b.expect("a session on the ensemble");
     let hosts = e.hosts();
     let dir = b.lock_dir("skewed");
-    let mut last = 0u64;
+    let mut last;
     let mut ctimes = Vec::new();
     // Steer the leadership to member 3 (+60 s): the highest server id wins an election among
     // members with the same data, so killing any other leader moves it there.
