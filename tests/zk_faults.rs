@@ -482,3 +482,257 @@ async fn a_release_goes_on_on_the_driver_when_its_caller_goes_away() {
     );
     assert_eq!(b.session_id(), sid, "deleted on the same session");
 }
+
+/// The `ctime` in µs of the holder node (the lowest sequence) under `dir`, read by `c` (retried
+/// while `c` reconnects after a member it was on went away).
+async fn holder_ctime_us(hosts: &str, dir: &str) -> Option<u64> {
+    let mut last_err = None;
+    for _ in 0..40 {
+        let read = async {
+            let c = common::zookeeper::connector()
+                .session_timeout(Duration::from_secs(10))
+                .connect(hosts)
+                .await?;
+            let mut kids = c.list_children(dir).await?;
+            kids.retain(|k| k.contains("-lock-"));
+            kids.sort_by_key(|k| {
+                k.rsplit("-lock-")
+                    .next()
+                    .and_then(|s| s.parse::<i64>().ok())
+            });
+            let Some(first) = kids.first() else {
+                return Err(zookeeper_client::Error::NoNode);
+            };
+            let (_, st) = c.get_data(&format!("{dir}/{first}")).await?;
+            Ok::<_, zookeeper_client::Error>(st.ctime as u64 * 1000)
+        };
+        match read.await {
+            Ok(t) => return Some(t),
+            // The holder is gone (its guard lost): no ctime to compare.
+            Err(zookeeper_client::Error::NoNode) => return None,
+            Err(e) => last_err = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    panic!("reading the holder node's ctime: {last_err:?}");
+}
+
+/// The token rule on ZooKeeper (issue 18): every grant's token is at least its node's `ctime` in
+/// µs (so a fenced resource moved from Redis or MySQL, whose tokens are server µs, keeps
+/// accepting writes) and strictly larger than every earlier grant's of the name, across leader
+/// changes between members whose wall clocks differ by 120 s (libfaketime: +60 s, 0, −60 s; the
+/// leader stamps `ctime`). The leader moves from the +60 s member to one at least 60 s behind,
+/// so `ctime` itself steps back (60 or 120 s less the election's time): a token taken from `ctime` alone would
+/// go backwards (seen: with ±8 s offsets, a slow election on a loaded machine hid the step); the
+/// one stored in the lock parent does not. Before the fix the token was the `czxid` (about
+/// 1e10, far below µs since the epoch): the first assertion failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_with_skewed_clocks() {
+    use common::zookeeper::EnsembleOpts;
+    let opts = EnsembleOpts {
+        clock_offsets: [None, Some("-60s"), Some("+60s")],
+        // Sessions outlive a slow election of members under libfaketime on a loaded machine.
+        max_session: Some(Duration::from_secs(30)),
+        ..EnsembleOpts::default()
+    };
+    let mut e = tokio::task::spawn_blocking(move || ZkEnsemble::start_with(opts))
+        .await
+        .unwrap();
+    // Members under libfaketime answer slowly on a loaded machine: a first session may time out.
+    let mut b = None;
+    for _ in 0..5 {
+        match ZookeeperBackend::builder(&e.hosts())
+            .session_timeout(Duration::from_secs(20))
+            .request_timeout(Duration::from_secs(10))
+            .build()
+            .await
+        {
+            Ok(x) => {
+                b = Some(Arc::new(x));
+                break;
+            }
+            Err(err) => eprintln!("connect: {err}; again"),
+        }
+    }
+    let b = b.expect("a session on the ensemble");
+    let hosts = e.hosts();
+    let dir = b.lock_dir("skewed");
+    let mut last;
+    let mut ctimes = Vec::new();
+    // Steer the leadership to member 3 (+60 s): the highest server id wins an election among
+    // members with the same data, so killing any other leader moves it there.
+    for round in 0..3 {
+        let leader = wait_leader(&e).await;
+        if leader == 2 {
+            break;
+        }
+        assert!(round < 2, "member 3 never became the leader");
+        e.kill(leader);
+        let _ = wait_leader(&e).await;
+        e.restart(leader);
+    }
+    // The lock parent is a container: once empty the server removes it (every 500 ms on the
+    // test servers, 60 s by default), and `last` with it; the next grant's floor is then only
+    // its node's ctime (the README states this limit). Keep it here with a foreign child, as a
+    // name in use keeps it.
+    {
+        let g = Lock::new("skewed")
+            .with_backend(b.clone())
+            .wait(Duration::from_secs(20))
+            .acquire()
+            .await
+            .expect("a first grant makes the lock parent");
+        last = g.fencing_token();
+        let c = common::zookeeper::connector()
+            .session_timeout(Duration::from_secs(10))
+            .connect(&hosts)
+            .await
+            .expect("admin client");
+        let opts = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::anyone_all());
+        c.create(&format!("{dir}/keep"), b"", &opts)
+            .await
+            .expect("a foreign child keeps the lock parent");
+        let _ = g.release().await;
+    }
+    let grant = async |phase: &str, last: &mut u64, ctimes: &mut Vec<u64>| {
+        for i in 0..5 {
+            let g = Lock::new("skewed")
+                .with_backend(b.clone())
+                .wait(Duration::from_secs(20))
+                .acquire()
+                .await
+                .unwrap_or_else(|err| panic!("{phase} grant {i}: {err}"));
+            let t = g.fencing_token();
+            let Some(ctime) = holder_ctime_us(&hosts, &dir).await else {
+                // Lost before it could be read (a slow election on a loaded machine): its
+                // token still counts for the order below.
+                assert!(
+                    !g.is_valid(),
+                    "{phase} grant {i}: a valid holder without a node"
+                );
+                assert!(t > *last, "{phase} grant {i}: token {t} not above {last}");
+                *last = t;
+                let _ = g.release().await;
+                continue;
+            };
+            assert!(
+                t >= ctime,
+                "{phase} grant {i}: token {t} is below its node's ctime in µs ({ctime})"
+            );
+            assert!(
+                t > *last,
+                "{phase} grant {i}: token {t} is not above the last one ({last})"
+            );
+            *last = t;
+            ctimes.push(ctime);
+            // Members under libfaketime on a loaded machine can be slow enough for a guard to
+            // pass its deadline; the token order is what this test is about.
+            match g.release().await {
+                Ok(()) | Err(LockError::Lost { .. }) => {}
+                Err(err) => panic!("{phase} release {i}: {err}"),
+            }
+        }
+    };
+    grant("leader +60 s", &mut last, &mut ctimes).await;
+    let fast_max = *ctimes.iter().max().unwrap();
+    // Member 3 goes.
+    e.kill(2);
+    // Member 2 (−60 s) or member 1 (host clock) leads, whichever has the later data: either
+    // way its clock is at least 60 s behind member 3's.
+    let leader = wait_leader(&e).await;
+    assert_ne!(leader, 2, "member 3 is down");
+    eprintln!("member {} leads after member 3 went", leader + 1);
+    ctimes.clear();
+    grant("leader -60 s", &mut last, &mut ctimes).await;
+    let slow_min = *ctimes.iter().min().unwrap();
+    eprintln!("ctime µs: +60 s leader up to {fast_max}, -60 s leader from {slow_min}");
+    // libfaketime took effect on the JVM: the new leader's ctimes are well behind.
+    assert!(
+        slow_min + 30_000_000 < fast_max,
+        "the members' clock offsets did not show in ctime ({fast_max} then {slow_min})"
+    );
+    // And back: member 3 again (its restart catches up first), the clock steps forward.
+    e.restart(2);
+    let back = common::eventually(Duration::from_secs(300), || async { e.mode(2).is_some() }).await;
+    assert!(back, "member 3 did not rejoin");
+    grant("member 3 back", &mut last, &mut ctimes).await;
+}
+
+/// The leader's index, waiting up to 300 s for one to be elected (members under libfaketime
+/// start slowly on a loaded machine).
+async fn wait_leader(e: &ZkEnsemble) -> usize {
+    let until = Instant::now() + Duration::from_secs(300);
+    loop {
+        if let Some(l) = e.leader() {
+            return l;
+        }
+        assert!(Instant::now() < until, "no leader within 300 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A holder connected to a follower that is cut off from its peers (proxied quorum and election
+/// ports dropped both ways; its client port stays reachable) must count itself lost by the time
+/// the leader expires its session and grants the lock to someone else (review M3, issue 18). The
+/// follower goes on answering reads and pings from its own state until its `syncLimit` (here 40
+/// ticks, 10 s) runs out, so a renewal that only reads the node kept moving the holder's
+/// deadline: at the other contender's grant the stale holder was still valid. The renewal now
+/// `sync`s first, which only the leader can complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_partitioned_follower_is_lost_before_the_leader_grants_again() {
+    use common::zookeeper::EnsembleOpts;
+    let opts = EnsembleOpts {
+        proxied_peers: true,
+        sync_limit: Some(40),
+        ..EnsembleOpts::default()
+    };
+    let e = tokio::task::spawn_blocking(move || ZkEnsemble::start_with(opts))
+        .await
+        .unwrap();
+    let leader = wait_leader(&e).await;
+    let follower = (leader + 1) % ZkEnsemble::SIZE;
+    assert_eq!(e.mode(follower).as_deref(), Some("follower"));
+    let on = |i: usize| format!("127.0.0.1:{}", e.client_port(i));
+    let session = Duration::from_secs(4);
+    let a = backend(&on(follower), session, Duration::from_secs(1)).await;
+    let b = backend(&on(leader), session, Duration::from_secs(5)).await;
+    let held = Lock::new("cut-off")
+        .with_backend(Arc::new(a.clone()))
+        .ttl(session)
+        .wait(Duration::from_secs(10))
+        .acquire()
+        .await
+        .expect("the holder on the follower");
+    // A few renewals through the healthy follower first.
+    tokio::time::sleep(session).await;
+    assert!(held.is_valid(), "renewals through a healthy follower");
+    let cut = Instant::now();
+    e.partition(follower);
+    let g = Lock::new("cut-off")
+        .with_backend(Arc::new(b.clone()))
+        .wait(Duration::from_secs(30))
+        .acquire()
+        .await
+        .expect("the leader expires the cut-off session and grants the lock");
+    let granted = cut.elapsed();
+    let stale_valid = held.is_valid();
+    eprintln!(
+        "granted {granted:?} after the cut; the stale holder valid then: {stale_valid}, lost: {:?}",
+        held.lost_reason()
+    );
+    assert!(
+        !stale_valid,
+        "the holder on the partitioned follower was still valid when the leader granted the \
+         lock again ({granted:?} after the cut)"
+    );
+    assert!(
+        held.lost_reason().is_some(),
+        "the stale holder heard the loss"
+    );
+    // And it stays lost while the follower still answers (up to its syncLimit).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(!held.is_valid());
+    g.release().await.unwrap();
+    e.heal(follower);
+}

@@ -759,3 +759,186 @@ async fn a_missing_chroot_is_created_and_locks_live_under_it() {
         .await
         .unwrap();
 }
+
+/// K waiters in one process (one backend, one session) queue on one name: a hand-off must cost
+/// about one children listing in that process, not one per waiter (review m1, issue 19). A
+/// predecessor's notification wakes every local waiter of the name; only the one whose own
+/// predecessor left may go to the server, the others answer busy from what they know. Counted
+/// between the second and the last grant (by then every waiter has its node): before, each
+/// hand-off re-listed the children once per remaining waiter (about K/2 per hand-off).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hand_off_among_local_waiters_costs_one_listing_not_one_per_waiter() {
+    const K: usize = 8;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let holder_b = zk_backend(&server).await;
+    let b = zk_backend(&server).await;
+    let holder = Lock::new("local-herd")
+        .with_backend(Arc::new(holder_b))
+        .ttl(Duration::from_secs(60))
+        .acquire()
+        .await
+        .unwrap();
+    let grants = Arc::new(Mutex::new(Vec::new()));
+    let bd: Arc<dyn dlock::Backend> = Arc::new(b.clone());
+    let mut tasks = Vec::new();
+    for _ in 0..K {
+        let (grants, bd, b) = (grants.clone(), bd.clone(), b.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = Lock::new("local-herd")
+                .with_backend(bd)
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(60))
+                .acquire()
+                .await
+                .expect("a local waiter acquires");
+            grants.lock().unwrap().push(b.children_reads());
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            g.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.release().await.unwrap();
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(60), t)
+            .await
+            .expect("every waiter gets its turn")
+            .unwrap();
+    }
+    let grants = grants.lock().unwrap().clone();
+    assert_eq!(grants.len(), K);
+    let per_hand_off = (grants[K - 1] - grants[1]) as f64 / (K - 2) as f64;
+    eprintln!("children listings at each grant: {grants:?}; per hand-off: {per_hand_off:.2}");
+    assert!(
+        per_hand_off <= 1.5,
+        "{per_hand_off:.2} children listings per hand-off among {K} local waiters"
+    );
+}
+
+/// The server's watch count (`wchs`: "Total watches:N").
+fn server_watches(server: &ZkProc) -> Option<u64> {
+    let out = common::zookeeper::four_letter(server.port(), "wchs")?;
+    let line = out.lines().find(|l| l.contains("Total watches:"))?;
+    line.rsplit(':').next()?.trim().parse().ok()
+}
+
+/// Issue 19 item 3: 1,000 waits that time out and 1,000 busy tries against a held lock leave
+/// nothing behind: no predecessor-watch task and no waiter in this process, no watch on the
+/// server (`wchs`), and the holder's release wakes nobody here.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_timed_out_waits_and_busy_tries_leave_no_task_and_no_watch() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let b1 = zk_backend(&server).await;
+    let b2 = zk_backend(&server).await;
+    let holder = Lock::new("held-long")
+        .with_backend(Arc::new(b1.clone()))
+        .ttl(Duration::from_secs(600))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(server_watches(&server), Some(0), "no watch before");
+    let b2d: Arc<dyn dlock::Backend> = Arc::new(b2.clone());
+    for i in 0..1000 {
+        let r = Lock::new("held-long")
+            .with_backend(b2d.clone())
+            .wait(Duration::from_millis(20))
+            .acquire()
+            .await;
+        // A wait this short ends timed out, or (its first reply later than the wait) as a
+        // backend error: either way the contender leaves.
+        assert!(
+            matches!(
+                r,
+                Err(dlock::LockError::TimedOut { .. }
+                    | dlock::LockError::Busy { .. }
+                    | dlock::LockError::Backend { .. })
+            ),
+            "wait {i}: {r:?}"
+        );
+        let r = Lock::new("held-long")
+            .with_backend(b2d.clone())
+            .acquire()
+            .await;
+        assert!(
+            matches!(r, Err(dlock::LockError::Busy { .. })),
+            "try {i}: {r:?}"
+        );
+    }
+    let admin_c = admin(&server).await;
+    let dir = b1.lock_dir("held-long");
+    let clean = common::eventually(Duration::from_secs(20), || async {
+        admin_c.list_children(&dir).await.unwrap().len() == 1
+            && b2.watch_tasks() == 0
+            && server_watches(&server) == Some(0)
+    })
+    .await;
+    assert!(
+        clean,
+        "left behind: {} nodes, {} watch tasks, server watches {:?}",
+        admin_c.list_children(&dir).await.unwrap().len(),
+        b2.watch_tasks(),
+        server_watches(&server)
+    );
+    assert_eq!(b2.waiter_count(), 0, "no waiter left in the process");
+    let before = b2.watch_notifications();
+    holder.release().await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        b2.watch_notifications() - before,
+        0,
+        "the release woke a contender that had left"
+    );
+}
+
+/// Review m6: the first digest identity to lock on a fresh ensemble creates the root. Before, it
+/// made it (like every missing ancestor) a container with `creator_all`, so a second service with
+/// its own digest user got `NoAuth` for every name until the root emptied and went. Now the root
+/// is a plain persistent node that every identity may read and create lock parents under, while
+/// each lock parent and node stays its creator's only.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_made_by_one_digest_identity_lets_another_lock_its_own_names() {
+    use zookeeper_client as zk;
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let with = |user: &'static str| {
+        dlock::ZookeeperBackend::builder(&server.hosts())
+            .session_timeout(SESSION)
+            .root("/apps/dlock")
+            .digest_auth(user, "pw")
+    };
+    let first = Arc::new(with("first").build().await.unwrap());
+    let second = Arc::new(with("second").build().await.unwrap());
+    let g1 = Lock::new("one")
+        .with_backend(first.clone())
+        .acquire()
+        .await
+        .unwrap();
+    let g2 = Lock::new("two")
+        .with_backend(second.clone())
+        .acquire()
+        .await
+        .expect("another identity locks its own name under the root the first one made");
+    // The other's lock parent stays closed to it.
+    let e = Lock::new("one")
+        .with_backend(second.clone())
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(is_no_auth(&e), "{e:?}");
+    let c = admin(&server).await;
+    for root in ["/apps", "/apps/dlock"] {
+        let (_, st) = c.get_data(root).await.unwrap();
+        assert_eq!(st.ephemeral_owner, 0, "{root} is not ephemeral");
+        let (acl, _) = c.get_acl(root).await.unwrap();
+        assert!(
+            acl.iter().any(|a| a.scheme() == "world"
+                && a.permission() == zk::Permission::READ | zk::Permission::CREATE),
+            "{root}: {acl:?}"
+        );
+    }
+    g1.release().await.unwrap();
+    g2.release().await.unwrap();
+    // Persistent, not a container: still there once every lock is gone (the container manager
+    // runs every 500 ms on the test servers).
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(c.check_stat("/apps/dlock").await.unwrap().is_some());
+}

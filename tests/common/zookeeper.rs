@@ -323,38 +323,87 @@ impl Env {
     }
 }
 
+/// libfaketime's preload library (Debian's `libfaketime`): a member started with it runs its
+/// wall clock (`System.currentTimeMillis`, hence `ctime`/`mtime`) at an offset; monotonic time
+/// (`System.nanoTime`, ZooKeeper's session and tick clock) is left alone.
+pub const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+/// How a [`ZkEnsemble`] is started.
+#[derive(Debug, Clone, Default)]
+pub struct EnsembleOpts {
+    /// Per member: a libfaketime offset of its wall clock (`"+8s"`, `"-8s"`); `None`: the host's.
+    pub clock_offsets: [Option<&'static str>; 3],
+    /// Members reach each other only through proxies, one per direction, member pair and port
+    /// (quorum and election), so that one member can be cut off from its peers
+    /// ([`ZkEnsemble::partition`]) while its client port stays reachable.
+    pub proxied_peers: bool,
+    /// `syncLimit` in ticks (default 8): how long a follower cut off from its leader goes on
+    /// serving before it notices.
+    pub sync_limit: Option<u32>,
+    /// `maxSessionTimeout` (default 20 ticks, 5 s).
+    pub max_session: Option<Duration>,
+}
+
 /// A private 3-server ZooKeeper ensemble on free loopback ports (client, quorum and election
-/// port per member), each member in its own temp dir. Members can be killed, restarted, paused.
+/// port per member), each member in its own temp dir. Members can be killed, restarted, paused,
+/// run with their own clock offset, and (when started with proxied peers) partitioned.
 #[derive(Debug)]
 pub struct ZkEnsemble {
     dir: TempDir,
     /// (client, quorum, election) ports of members 1..=3.
     ports: Vec<(u16, u16, u16)>,
     children: Vec<Option<Child>>,
+    opts: EnsembleOpts,
+    /// `(from, to)` -> proxies to `to`'s quorum and election ports, used by `from`.
+    peer_proxies:
+        std::collections::HashMap<(usize, usize), (super::proxy::Proxy, super::proxy::Proxy)>,
 }
 
 impl ZkEnsemble {
     pub const SIZE: usize = 3;
 
     pub fn start() -> ZkEnsemble {
+        Self::start_with(EnsembleOpts::default())
+    }
+
+    pub fn start_with(opts: EnsembleOpts) -> ZkEnsemble {
         let dir = TempDir::new("zk-ensemble");
         let ports = (0..Self::SIZE)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect::<Vec<_>>();
+        let mut peer_proxies = std::collections::HashMap::new();
+        if opts.proxied_peers {
+            for from in 0..Self::SIZE {
+                for to in (0..Self::SIZE).filter(|&t| t != from) {
+                    let q = super::proxy::Proxy::start(ports[to].1);
+                    let el = super::proxy::Proxy::start(ports[to].2);
+                    peer_proxies.insert((from, to), (q, el));
+                }
+            }
+        }
         let mut e = ZkEnsemble {
             dir,
             ports,
             children: (0..Self::SIZE).map(|_| None).collect(),
+            opts,
+            peer_proxies,
         };
         for i in 0..Self::SIZE {
             e.spawn(i);
         }
         let started = Instant::now();
+        // A JVM under libfaketime starts several times slower (every clock read is
+        // intercepted): more time for an ensemble with clock offsets on a loaded machine.
+        let limit = if e.opts.clock_offsets.iter().any(Option::is_some) {
+            Duration::from_secs(300)
+        } else {
+            Duration::from_secs(90)
+        };
         while !(0..Self::SIZE).all(|i| e.mode(i).is_some()) {
             assert!(
-                started.elapsed() < Duration::from_secs(90),
-                "the ensemble did not form within 90 s: {:?}",
-                (0..Self::SIZE).map(|i| e.mode(i)).collect::<Vec<_>>()
+                started.elapsed() < limit,
+                "the ensemble did not form within {limit:?}: {:?}",
+                (0..Self::SIZE).map(|i| e.mode(i)).collect::<Vec<_>>(),
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -367,13 +416,22 @@ impl ZkEnsemble {
         std::fs::create_dir_all(&data).unwrap();
         std::fs::write(data.join("myid"), format!("{}\n", i + 1)).unwrap();
         let mut cfg = format!(
-            "tickTime={TICK_MS}\ninitLimit=40\nsyncLimit=8\ndataDir={}\nclientPort={}\n\
+            "tickTime={TICK_MS}\ninitLimit=40\nsyncLimit={}\ndataDir={}\nclientPort={}\n\
              clientPortAddress=127.0.0.1\nadmin.enableServer=false\n4lw.commands.whitelist=*\n\
              maxClientCnxns=0\nextendedTypesEnabled=true\ncnxTimeout=500\n",
+            self.opts.sync_limit.unwrap_or(8),
             data.display(),
             self.ports[i].0
         );
+        if let Some(m) = self.opts.max_session {
+            cfg.push_str(&format!("maxSessionTimeout={}\n", m.as_millis()));
+        }
         for (j, (_, q, el)) in self.ports.iter().enumerate() {
+            // A member binds its own line; it reaches the others through its proxies to them.
+            let (q, el) = match self.peer_proxies.get(&(i, j)) {
+                Some((pq, pe)) => (pq.port(), pe.port()),
+                None => (*q, *el),
+            };
             cfg.push_str(&format!("server.{}=127.0.0.1:{q}:{el}\n", j + 1));
         }
         let cfg_path = home.join("zoo.cfg");
@@ -395,7 +453,38 @@ impl ZkEnsemble {
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
+        if let Some(offset) = self.opts.clock_offsets[i] {
+            assert!(
+                std::path::Path::new(FAKETIME_LIB).exists(),
+                "libfaketime is not installed ({FAKETIME_LIB} missing): apt-get install libfaketime"
+            );
+            cmd.env("LD_PRELOAD", FAKETIME_LIB)
+                .env("FAKETIME", offset)
+                .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+        }
         self.children[i] = Some(spawn_child(cmd).expect("spawn java"));
+    }
+
+    /// Cuts member `i` off from its peers (both directions, quorum and election ports: the
+    /// proxies drop every byte, connections stay open as in a network partition); its client
+    /// port stays reachable. Needs `proxied_peers`.
+    pub fn partition(&self, i: usize) {
+        self.set_peer_mode(i, super::proxy::Mode::Blackhole);
+    }
+
+    /// Ends [`Self::partition`] (the connections that dropped bytes are closed).
+    pub fn heal(&self, i: usize) {
+        self.set_peer_mode(i, super::proxy::Mode::Pass);
+    }
+
+    fn set_peer_mode(&self, i: usize, mode: super::proxy::Mode) {
+        assert!(self.opts.proxied_peers, "an ensemble without proxied peers");
+        for ((from, to), (q, el)) in &self.peer_proxies {
+            if *from == i || *to == i {
+                q.set_mode(mode);
+                el.set_mode(mode);
+            }
+        }
     }
 
     /// `leader` / `follower` when member `i` serves clients, else `None`.

@@ -17,8 +17,17 @@
 //!   driver thread with back-off until then, and the release answers `LockError::Backend`
 //!   meanwhile, never `NotOwner`. `release` itself runs on the driver thread, so a caller's
 //!   runtime that shuts down cannot cut it off.
-//! - The fencing token is the node's creation zxid (`czxid`): ZooKeeper's global transaction id,
-//!   strictly increasing across holders of every name.
+//! - The fencing token follows the token rule of every engine: strictly increasing per name,
+//!   and at least server time in µs. At the grant, `token = max(last + 1, ctime × 1000)`, where
+//!   `last` is the token stored in the lock parent's data (`"<token> <holder node>"`) and `ctime`
+//!   is the granted node's creation time (the leader's clock, ms). It is stored there before the
+//!   guard is returned, by one `multi` that checks the holder's own node still exists (so a
+//!   holder whose session ended meanwhile cannot write) and sets the parent's data at the
+//!   version read (a stale read retries, bounded). `last` is on the servers, so tokens keep
+//!   increasing across restarts and leader changes whatever the members' clocks; the ctime
+//!   floor keeps them above the µs tokens of the other engines, and in order when an emptied
+//!   lock parent was removed and made again. Cost: one more write per grant (the parent's
+//!   data is read in the same round trip as the children).
 //! - `extend` does not write: it checks that the node still exists (bounded by the request
 //!   timeout). `ttl` is not sent to the server; the session timeout is the lease. A session that
 //!   expired makes every hold answer `Lost`, and the next acquisition opens a new session.
@@ -299,6 +308,8 @@ impl ZookeeperBackendBuilder {
                 holds: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
                 notifications: Default::default(),
+                children_reads: Default::default(),
+                watch_tasks: Default::default(),
                 driver,
             }),
         })
@@ -327,7 +338,7 @@ async fn ensure_chroot(cfg: &ZookeeperBackendBuilder) -> Result<(), LockError> {
     let made = match exists {
         Ok(Ok(Some(_))) => return Ok(()),
         Ok(Ok(None)) => {
-            let opts = zk::CreateMode::Persistent.with_acls(cfg.node_acls());
+            let opts = zk::CreateMode::Persistent.with_acls(root_acls(cfg));
             tokio::time::timeout(bound, client.mkdir(&chroot, &opts)).await
         }
         Ok(Err(e)) => Ok(Err(e)),
@@ -446,8 +457,37 @@ impl Session {
 }
 
 fn is_no_node(e: &LockError) -> bool {
+    is_zk(e, &zk::Error::NoNode)
+}
+
+fn is_zk(e: &LockError, what: &zk::Error) -> bool {
     matches!(e, LockError::Backend { source, .. }
-        if matches!(source.downcast_ref::<zk::Error>(), Some(zk::Error::NoNode)))
+        if source.downcast_ref::<zk::Error>() == Some(what))
+}
+
+/// The ACL of the root and of the ancestors the backend creates above it (review m6): without
+/// a digest identity, `world:anyone` (as every node then); with one, every identity may read
+/// and create lock parents under it (`world:anyone:cr`) while only the creating identity may
+/// delete, write or change its ACL. Lock parents and contender nodes keep the node ACL
+/// (`creator_all`), so another identity can neither queue under a name it did not create nor
+/// delete another identity's nodes, and a second service with its own digest user gets its own
+/// names, not `NoAuth` on the whole root. An operator who wants the root closed creates it
+/// beforehand with the ACL of their choice.
+fn root_acls(cfg: &ZookeeperBackendBuilder) -> zk::Acls<'static> {
+    static SHARED: std::sync::LazyLock<[zk::Acl; 2]> = std::sync::LazyLock::new(|| {
+        [
+            zk::Acl::new(
+                zk::Permission::READ | zk::Permission::CREATE,
+                zk::AuthId::new("world", "anyone"),
+            ),
+            zk::Acl::new(zk::Permission::ALL, zk::AuthId::new("auth", "")),
+        ]
+    });
+    if cfg.digest.is_some() {
+        zk::Acls::new(&SHARED[..])
+    } else {
+        zk::Acls::anyone_all()
+    }
 }
 
 fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> LockError {
@@ -466,6 +506,7 @@ struct Hold {
     session: i64,
     held: bool,
     count: u32,
+    /// Held: the granted fencing token. Queued: the token floor, the node's `ctime` in µs.
     token: u64,
     /// A predecessor watch is armed.
     watching: bool,
@@ -501,6 +542,33 @@ struct Reaping {
     last_error: Option<Arc<str>>,
 }
 
+/// Counts a live task (up at creation, down when dropped: finished or aborted).
+struct TaskCount(Arc<std::sync::atomic::AtomicUsize>);
+
+impl TaskCount {
+    fn new(n: &Arc<std::sync::atomic::AtomicUsize>) -> Self {
+        n.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        TaskCount(Arc::clone(n))
+    }
+}
+
+impl Drop for TaskCount {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// Attempts at storing a grant's token whose parent version moved on (see `grant_token`).
+const TOKEN_CAS_TRIES: usize = 8;
+
+/// The token stored in a lock parent's data (`"<token> <holder node>"`) and the node it was
+/// granted to; `None` for a parent that has none (new, or written by nothing else).
+pub(crate) fn last_token(data: &[u8]) -> Option<(u64, &str)> {
+    let s = std::str::from_utf8(data).ok()?;
+    let (t, node) = s.split_once(' ')?;
+    Some((t.parse().ok()?, node))
+}
+
 /// First and longest pause between a reaper's delete attempts.
 const REAP_RETRY_FIRST: Duration = Duration::from_millis(50);
 const REAP_RETRY_MAX: Duration = Duration::from_secs(1);
@@ -531,6 +599,10 @@ struct Inner {
     waiters: Arc<WaitQueues>,
     /// Predecessor-watch notifications received (for tests and metrics).
     notifications: std::sync::atomic::AtomicU64,
+    /// Children listings sent by tries (for tests: the cost of a hand-off).
+    children_reads: std::sync::atomic::AtomicU64,
+    /// Predecessor-watch tasks alive (for tests: none may outlive its contender).
+    watch_tasks: Arc<std::sync::atomic::AtomicUsize>,
     /// The thread whose runtime runs the sessions and this backend's own tasks (last: dropped
     /// after the session).
     driver: Driver,
@@ -664,9 +736,17 @@ pub(crate) fn parse_url(url: &str) -> Result<ZkUrl<'_>, LockError> {
     }
 }
 
+/// The sequence of a contender node, as an order key. ZooKeeper's sequence is a signed 32-bit
+/// counter per parent, printed `%010d`: after 2^31 creates under one parent it wraps to
+/// `-2147483648`. Negative sequences are later than every positive one (review m5), so they
+/// map above them (`s + 2^32`).
 pub(crate) fn seq_of(child: &str) -> Option<i64> {
     let i = child.rfind("-lock-")?;
-    child[i + 6..].parse().ok()
+    let s: i64 = child[i + 6..].parse().ok()?;
+    if !(i64::from(i32::MIN)..=i64::from(i32::MAX)).contains(&s) {
+        return None;
+    }
+    Some(if s < 0 { s + (1i64 << 32) } else { s })
 }
 
 pub(crate) fn escape(name: &str) -> String {
@@ -745,6 +825,24 @@ impl ZookeeperBackend {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Children listings this backend's tries sent so far (one per re-check that went to the
+    /// server). Not a stable API: for tests of the hand-off cost.
+    #[doc(hidden)]
+    pub fn children_reads(&self) -> u64 {
+        self.inner
+            .children_reads
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Predecessor-watch tasks alive (each holds a client watcher). Not a stable API: for
+    /// tests that no contender leaves one behind.
+    #[doc(hidden)]
+    pub fn watch_tasks(&self) -> usize {
+        self.inner
+            .watch_tasks
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Number of callers waiting in this process.
     pub fn waiter_count(&self) -> usize {
         self.inner.waiters.waiter_count()
@@ -807,7 +905,31 @@ impl Inner {
         }
     }
 
-    /// Creates this contender's node (protected mode), returns (path, czxid).
+    /// Creates the lock parent `dir` (a container with the node ACL). A missing root (and its
+    /// missing ancestors) is made first, as plain persistent nodes with [`root_acls`]: not
+    /// containers, and not owned by whichever identity happened to come first (review m6).
+    async fn make_parent(&self, c: &zk::Client, name: &str, dir: &str) -> Result<(), LockError> {
+        let parent = zk::CreateMode::Container.with_acls(self.cfg.node_acls());
+        for _ in 0..2 {
+            match self.bounded(name, c.create(dir, &[], &parent)).await {
+                Ok(_) => return Ok(()),
+                Err(e) if is_zk(&e, &zk::Error::NodeExists) => return Ok(()),
+                Err(e) if is_no_node(&e) => {
+                    let root = zk::CreateMode::Persistent.with_acls(root_acls(&self.cfg));
+                    match self.bounded(name, c.mkdir(&self.cfg.root, &root)).await {
+                        Ok(()) => {}
+                        Err(e) if is_zk(&e, &zk::Error::NodeExists) => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(be(name, "the ZooKeeper lock root keeps disappearing"))
+    }
+
+    /// Creates this contender's node (protected mode), returns (path, token floor: its `ctime`
+    /// in µs).
     async fn create_node(
         self: &Arc<Self>,
         c: &zk::Client,
@@ -849,17 +971,13 @@ impl Inner {
             )
             .await
             {
-                Ok(Ok((stat, seq))) => return Ok((format!("{path}{seq}"), stat.czxid as u64)),
+                Ok(Ok((stat, seq))) => {
+                    let floor = u64::try_from(stat.ctime).unwrap_or(0).saturating_mul(1000);
+                    return Ok((format!("{path}{seq}"), floor));
+                }
                 Ok(Err(zk::Error::NoNode)) => {
-                    let parent = zk::CreateMode::Container.with_acls(self.cfg.node_acls());
-                    match self.bounded(name, c.mkdir(dir, &parent)).await {
-                        Ok(()) => {}
-                        Err(LockError::Backend { source, .. })
-                            if matches!(
-                                source.downcast_ref::<zk::Error>(),
-                                Some(zk::Error::NodeExists)
-                            ) => {}
-                        Err(e) => return nothing(e),
+                    if let Err(e) = self.make_parent(c, name, dir).await {
+                        return nothing(e);
                     }
                 }
                 Ok(Err(
@@ -902,8 +1020,21 @@ impl Inner {
             // Owners are fresh per acquisition; this one was given back already.
             return Err(be(name, "this owner's lock node is being deleted"));
         }
+        if let Some(h) = &existing
+            && h.session == session
+            && !h.held
+            && h.releasing.is_none()
+            && h.watching
+            && h.watch_task.is_some()
+        {
+            // Queued behind a predecessor that is still there (its change would have fired the
+            // watch, which clears `watching` before it wakes anyone): still busy, no request.
+            // The other local waiters a notification wakes end here, so a hand-off costs one
+            // re-check in this process, not one per waiter (review m1, as etcd does).
+            return Ok(Acquired::Busy { remaining: None });
+        }
         let dir = format!("{}/{}", self.cfg.root, escape(name));
-        let (path, token) = match existing {
+        let (path, floor) = match existing {
             Some(h) if h.session == session => {
                 if h.held {
                     // A re-entry: the node must still be there (it may have been deleted).
@@ -930,19 +1061,27 @@ impl Inner {
                 self.holds().remove(&key);
                 // On an error, `create_node` forgot the entry (nothing created) or handed it to
                 // the reaper (a create whose outcome is unknown).
-                let (path, token) = self.create_node(&c, name, &dir, &key, session).await?;
+                let (path, floor) = self.create_node(&c, name, &dir, &key, session).await?;
                 if let Some(h) = self.holds().get_mut(&key) {
                     h.path = path.clone();
-                    h.token = token;
+                    h.token = floor;
                 }
-                (path, token)
+                (path, floor)
             }
         };
         let mine = path.rsplit('/').next().unwrap_or("").to_string();
         let my_seq = seq_of(&mine).unwrap_or(i64::MAX);
-        let children = match self.bounded(name, c.list_children(&dir)).await {
-            Ok(ch) => ch,
-            Err(e) => {
+        // The children and the parent's data (the last token) in one round trip: both requests
+        // are sent before either reply is awaited, and the server answers them in order.
+        self.children_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (children, parent) = tokio::join!(
+            self.bounded(name, c.list_children(&dir)),
+            self.bounded(name, c.get_data(&dir))
+        );
+        let (children, parent) = match (children, parent) {
+            (Ok(ch), Ok(p)) => (ch, p),
+            (Err(e), _) | (_, Err(e)) => {
                 // Queued or not, the node goes (the reaper retries until confirmed).
                 self.start_reaping(&key, Duration::ZERO);
                 return Err(e);
@@ -963,10 +1102,16 @@ impl Inner {
             return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
         }
         let Some((_, pred)) = pred else {
+            let token = self
+                .grant_token(&c, name, &key, &dir, &path, &mine, floor, parent)
+                .await?;
             let mut holds = self.holds();
-            let h = holds.get_mut(&key).expect("present");
+            let Some(h) = holds.get_mut(&key) else {
+                return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
+            };
             h.held = true;
             h.count = 1;
+            h.token = token;
             return Ok(Acquired::Granted { token, count: 1 });
         };
         // Queued: watch the predecessor only.
@@ -983,7 +1128,9 @@ impl Inner {
                     // driver thread) alive.
                     let me = Arc::downgrade(self);
                     let (name, wkey) = (name.to_string(), key.clone());
+                    let alive = TaskCount::new(&self.watch_tasks);
                     let task = self.driver.handle.spawn(async move {
+                        let _alive = alive;
                         let _ = w.changed().await;
                         let Some(me) = me.upgrade() else {
                             return;
@@ -1023,6 +1170,69 @@ impl Inner {
             }
         }
         Ok(Acquired::Busy { remaining: None })
+    }
+
+    /// The token of a grant (see the module doc): `max(last + 1, floor)`, stored in the lock
+    /// parent's data by one `multi` that also checks that the holder's node `path` still
+    /// exists, before the guard exists. `parent` is the parent's data as read with the
+    /// children; a version that moved on (another writer, or a read that lagged) is read again,
+    /// at most [`TOKEN_CAS_TRIES`] times. A `multi` whose outcome is unknown is not sent again:
+    /// the node goes (as for a failed listing) and the try fails.
+    #[allow(clippy::too_many_arguments)]
+    async fn grant_token(
+        self: &Arc<Self>,
+        c: &zk::Client,
+        name: &str,
+        key: &(String, String),
+        dir: &str,
+        path: &str,
+        mine: &str,
+        floor: u64,
+        parent: (Vec<u8>, zk::Stat),
+    ) -> Result<u64, LockError> {
+        let (mut data, mut stat) = parent;
+        for _ in 0..TOKEN_CAS_TRIES {
+            let last = last_token(&data).map_or(0, |(t, _)| t);
+            let token = last.saturating_add(1).max(floor);
+            let mut w = c.new_check_writer(path, None).map_err(|e| be(name, e))?;
+            w.add_set_data(
+                dir,
+                format!("{token} {mine}").as_bytes(),
+                Some(stat.version),
+            )
+            .map_err(|e| be(name, e))?;
+            match tokio::time::timeout(self.cfg.request_timeout, w.commit()).await {
+                Ok(Ok(_)) => return Ok(token),
+                Ok(Err(zk::CheckWriteError::CheckFailed { .. })) => {
+                    // The holder's node is gone (deleted by an operator, or its session ended).
+                    self.holds().remove(key);
+                    return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
+                }
+                Ok(Err(zk::CheckWriteError::OperationFailed {
+                    source: zk::Error::BadVersion,
+                    ..
+                })) => match self.bounded(name, c.get_data(dir)).await {
+                    Ok(p) => (data, stat) = p,
+                    Err(e) => {
+                        self.start_reaping(key, Duration::ZERO);
+                        return Err(e);
+                    }
+                },
+                Ok(Err(e)) => {
+                    self.start_reaping(key, Duration::ZERO);
+                    return Err(be(name, e));
+                }
+                Err(_) => {
+                    self.start_reaping(key, Duration::ZERO);
+                    return Err(be(name, "ZooKeeper request timed out (storing the token)"));
+                }
+            }
+        }
+        self.start_reaping(key, Duration::ZERO);
+        Err(be(
+            name,
+            "the ZooKeeper lock parent's token kept changing under this grant",
+        ))
     }
 
     /// One attempt at deleting the node at `path` (see [`target_of`]) on `c`, bounded by the
@@ -1208,7 +1418,24 @@ impl Inner {
             return Ok(Extended::Lost);
         }
         let c = sess.client;
-        match self.bounded(name, c.check_stat(&h.path)).await? {
+        // `sync` first (review M3): a server answers reads and pings from its own state, so a
+        // follower cut off from the leader would go on confirming the node after the leader
+        // expired the session. A `sync` completes only through the leader, and the server
+        // answers a session's requests in order, so the check is answered after it: a
+        // renewal is confirmed only with the leader's say. Both are sent at once (one round
+        // trip to the leader).
+        let dir = h.path.rsplit_once('/').map_or("/", |(d, _)| d);
+        let (synced, st) = tokio::join!(
+            self.bounded(name, c.sync(dir)),
+            self.bounded(name, c.check_stat(&h.path))
+        );
+        match synced {
+            Ok(()) => {}
+            // The parent went: so did the node.
+            Err(e) if is_no_node(&e) => return Ok(Extended::Lost),
+            Err(e) => return Err(e),
+        }
+        match st? {
             Some(st) if st.ephemeral_owner == h.session => Ok(Extended::Extended),
             _ => Ok(Extended::Lost),
         }

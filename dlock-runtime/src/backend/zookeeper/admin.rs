@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use zookeeper_client as zk;
 
-use super::{DEFAULT_ROOT, escape, open_client, parse_url, prepare, seq_of};
+use super::{DEFAULT_ROOT, escape, last_token, open_client, parse_url, prepare, seq_of};
 use crate::admin::{
     Admin, AdminError, CALL_TIMEOUT, ForceReleased, Holder, Listing, LockEvent, LockInfo, Watching,
     bounded, still_held, without_secret,
@@ -75,6 +75,12 @@ fn contenders(children: Vec<String>) -> (BTreeMap<i64, String>, usize) {
         }
     }
     (nodes, foreign)
+}
+
+/// The fencing token the lock parent's data records for the holder node `child` (see
+/// `last_token`); `None` while its grant has not stored it yet.
+fn token_of(parent_data: &[u8], child: &str) -> Option<u64> {
+    last_token(parent_data).and_then(|(t, node)| (node == child).then_some(t))
 }
 
 /// The owner id stored in a node (empty for nodes of dlock versions that stored none).
@@ -202,7 +208,7 @@ impl ZookeeperAdmin {
         let dir = self.dir_of(name);
         // The holder may leave between the listing and the read of its node: look again (a
         // few times; each look is bounded).
-        for _ in 0..5 {
+        for attempt in 0..5 {
             let Some(children) = self.children(&dir).await? else {
                 return Ok((None, 0));
             };
@@ -214,9 +220,19 @@ impl ZookeeperAdmin {
             let Some((data, stat)) = self.node(&path).await? else {
                 continue;
             };
+            // The token is stored in the parent by the grant, one round trip after the node
+            // became the lowest: a grant caught in between is read again a moment later.
+            let token = match self.node(&dir).await? {
+                Some((pdata, _)) => token_of(&pdata, first),
+                None => continue,
+            };
+            if token.is_none() && attempt < 4 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
             let mut info = LockInfo::new(name);
             info.holders = vec![Holder::new(owner_of(&data, stat.ephemeral_owner), 1)];
-            info.token = Some(stat.czxid as u64);
+            info.token = token;
             info.waiters = Some(nodes.len() as u64 - 1);
             info.waiters_are = "queued contenders";
             info.details = vec![
@@ -409,7 +425,9 @@ impl ZookeeperAdmin {
                         }
                         _ => {}
                     },
-                    zk::EventType::NodeCreated | zk::EventType::NodeDeleted => {
+                    zk::EventType::NodeCreated
+                    | zk::EventType::NodeDeleted
+                    | zk::EventType::NodeDataChanged => {
                         out = me.apply(&mut state, &prefix, &ev).await;
                     }
                     _ => {}
@@ -448,10 +466,32 @@ impl ZookeeperAdmin {
         else {
             return Vec::new();
         };
-        // Only contender nodes (`<dir>/<child>`), not the lock parents.
+        // Only contender nodes (`<dir>/<child>`), and the lock parents' data (the token a
+        // grant stores: its holder is reported then).
         let Some((d, child)) = rest.split_once('/') else {
-            return Vec::new();
+            if ev.event_type != zk::EventType::NodeDataChanged {
+                return Vec::new();
+            }
+            let Some(name) = unescape(rest).filter(|n| n.starts_with(prefix)) else {
+                return Vec::new();
+            };
+            let Some(q) = state.get_mut(&name) else {
+                return Vec::new();
+            };
+            return q
+                .resolve_holder(self, false)
+                .await
+                .map(|(o, t)| LockEvent::Acquired {
+                    name,
+                    owner: Some(o),
+                    token: Some(t),
+                })
+                .into_iter()
+                .collect();
         };
+        if ev.event_type == zk::EventType::NodeDataChanged {
+            return Vec::new();
+        }
         let (Some(name), Some(seq)) = (unescape(d), seq_of(child)) else {
             return Vec::new();
         };
@@ -542,7 +582,9 @@ impl Queue {
     /// Reads the lowest node (the holder) when not read yet and records its owner and token.
     /// Returns them when read now, unless `quiet` (the snapshot: holders from before the watch
     /// are not reported as acquisitions, but their releases are). A node found gone stays
-    /// unread: its delete event follows, reports no release, and reads the next holder.
+    /// unread: its delete event follows, reports no release, and reads the next holder. A
+    /// holder whose grant has not stored its token in the parent yet stays unread too: the
+    /// parent's data change follows and reads it then.
     async fn resolve_holder(
         &mut self,
         admin: &ZookeeperAdmin,
@@ -553,9 +595,13 @@ impl Queue {
             return None;
         }
         let (seq, path) = (*seq, format!("{}/{}", self.dir, node.child));
+        let token = match admin.node(&self.dir).await {
+            Ok(Some((pdata, _))) => token_of(&pdata, &node.child)?,
+            _ => return None,
+        };
         match admin.node(&path).await {
             Ok(Some((data, stat))) => {
-                let hold = (owner_of(&data, stat.ephemeral_owner), stat.czxid as u64);
+                let hold = (owner_of(&data, stat.ephemeral_owner), token);
                 if let Some(n) = self.nodes.get_mut(&seq) {
                     n.hold = Some(hold.clone());
                 }
@@ -666,5 +712,52 @@ mod tests {
             nodes.values().cloned().collect::<Vec<_>>(),
             ["_c_a-lock-0000000002", "_c_b-lock-0000000010"]
         );
+    }
+
+    /// Review m5: a parent's sequence counter is a signed 32-bit int, printed `%010d`; after
+    /// 2^31 creates it wraps to `-2147483648`. A node created after the wrap is later than
+    /// every node created before it, so it must sort after them (before, it sorted first and
+    /// was granted while the holder still held). The backend's grant uses the same `seq_of`.
+    #[test]
+    fn a_wrapped_negative_sequence_sorts_after_every_positive_one() {
+        let (nodes, _) = contenders(vec![
+            "_c_c-lock--2147483647".into(),
+            "_c_b-lock--2147483648".into(),
+            "_c_a-lock-2147483647".into(),
+            "_c_h-lock-2147483600".into(),
+        ]);
+        assert_eq!(
+            nodes.values().cloned().collect::<Vec<_>>(),
+            [
+                "_c_h-lock-2147483600",
+                "_c_a-lock-2147483647",
+                "_c_b-lock--2147483648",
+                "_c_c-lock--2147483647",
+            ]
+        );
+        assert!(seq_of("_c_b-lock--2147483648") > seq_of("_c_a-lock-2147483647"));
+        assert!(seq_of("_c_x-lock-0000000001") < seq_of("_c_b-lock--2147483648"));
+        // Out of the 32-bit range: not a ZooKeeper sequence.
+        assert_eq!(seq_of("_c_x-lock-4294967296"), None);
+    }
+
+    #[test]
+    fn the_token_a_grant_stored_is_read_back_for_its_node_only() {
+        assert_eq!(
+            token_of(
+                b"1795676489419000 _c_a-lock-0000000003",
+                "_c_a-lock-0000000003"
+            ),
+            Some(1795676489419000)
+        );
+        assert_eq!(
+            token_of(
+                b"1795676489419000 _c_a-lock-0000000003",
+                "_c_b-lock-0000000004"
+            ),
+            None
+        );
+        assert_eq!(token_of(b"", "_c_a-lock-0000000003"), None);
+        assert_eq!(token_of(b"garbage", "_c_a-lock-0000000003"), None);
     }
 }
