@@ -269,8 +269,6 @@ struct Trying<'a> {
     inner: &'a Inner,
     name: &'a str,
     granted: bool,
-    /// The owner that held a quorum of the nodes, as this try's busy answers said.
-    holder: Option<String>,
 }
 
 impl Drop for Trying<'_> {
@@ -284,22 +282,13 @@ impl Drop for Trying<'_> {
             if self.granted {
                 st.heard = false;
             }
-            let heard = st.trying == 0 && std::mem::take(&mut st.heard);
+            // A release heard while a try was in flight may have freed a node after that
+            // try's script ran there: it wakes, unless a try here was granted.
+            let wake = st.trying == 0 && std::mem::take(&mut st.heard);
             if st.trying == 0 {
                 map.remove(self.name);
             }
-            drop(map);
-            // The releases heard while trying are stale when this try found a quorum held by
-            // an owner other than the one this backend last saw holding it: that owner took
-            // the lock after them, and its own release will wake.
-            let last = self.holder.clone().and_then(|h| {
-                let mut p = self.inner.proxies.lock().unwrap_or_else(|e| e.into_inner());
-                p.get_mut(self.name)
-                    .map(|p| std::mem::replace(&mut p.holder, Some(h.clone())))
-                    .map(|last| (h, last))
-            });
-            let stale = matches!(&last, Some((h, Some(l))) if h != l);
-            heard && !stale
+            wake
         };
         if wake {
             self.inner.queues.wake_one_unless_pending(self.name);
@@ -381,8 +370,6 @@ impl Node {
 }
 
 struct Proxy {
-    /// The owner last seen holding a quorum of the nodes (busy answers of this backend's tries).
-    holder: Option<String>,
     id: u64,
     stop: tokio_util::sync::CancellationToken,
     ready: tokio::sync::watch::Receiver<bool>,
@@ -604,7 +591,6 @@ impl Inner {
             inner: self,
             name,
             granted: false,
-            holder: None,
         }
     }
 
@@ -842,11 +828,7 @@ impl Inner {
         // quorum, freeing the nodes this try took is no release: it wakes nobody (else each
         // waiter it woke would take those nodes again, fail, and wake the next, for the whole
         // hold). Otherwise (a split vote, unanswered nodes) it wakes, so that a try follows.
-        trying.holder = holders
-            .into_iter()
-            .find(|(_, k)| *k >= self.quorum)
-            .map(|(h, _)| h);
-        let publish = trying.holder.is_none();
+        let publish = !holders.values().any(|&k| k >= self.quorum);
         self.clean_up(&rt, name, owner, reentry, &answered, tasks, publish)
             .await;
         drop(trying);
@@ -1191,7 +1173,6 @@ impl Inner {
                     map.insert(
                         name.to_string(),
                         Proxy {
-                            holder: None,
                             id,
                             stop: stop.clone(),
                             ready: rx.clone(),
