@@ -1283,7 +1283,10 @@ async fn contenders_make_few_tries_per_acquisition_no_wake_up_loop() {
         .map(|c| c.tries.load(std::sync::atomic::Ordering::Relaxed))
         .sum();
     let per = tries as f64 / acq as f64;
-    eprintln!("{acq} acquisitions, {tries} tries ({per:.2} per acquisition) in {:?}", started.elapsed());
+    eprintln!(
+        "{acq} acquisitions, {tries} tries ({per:.2} per acquisition) in {:?}",
+        started.elapsed()
+    );
     // Each release wakes one waiter per client (4), one of which takes the lock: about 4 tries
     // per acquisition, as on a single Redis node; about 7 when one release's copies (one per
     // node) wake a waiter twice. Generous: 12 (18 before the fix).

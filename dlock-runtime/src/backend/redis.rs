@@ -1252,7 +1252,9 @@ impl RedisBackend {
         }
         let (r, acked) = r.map_err(|e| map_err(name, e))?;
         let (r, held_by) = match r {
-            Value::Array(a) if holder && matches!(a.as_slice(), [Value::Int(_), Value::BulkString(_)]) => {
+            Value::Array(a)
+                if holder && matches!(a.as_slice(), [Value::Int(_), Value::BulkString(_)]) =>
+            {
                 let mut it = a.into_iter();
                 let pttl = it.next().unwrap_or(Value::Nil);
                 let h = match it.next() {

@@ -9,7 +9,11 @@
 //!   `drift = ttl × drift_factor + drift_fixed` (default 1 % + 2 ms). The guard's deadline is
 //!   that validity ([`Backend::lease_margin`] returns the drift).
 //! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
-//!   including those that did not answer in time (after their acquire finished).
+//!   including those that did not answer in time (after their acquire finished). A failed
+//!   try's clean-up runs to its end in a task of its own; this owner's next try on that node
+//!   waits for it. It publishes no wake-up when the try's busy answers (which name the holder)
+//!   show one owner on a quorum: that owner's release wakes the waiters (issue 19: otherwise
+//!   each waiter woken took the freed node again, failed and woke the next, for the whole hold).
 //! * **Restarted nodes.** A node whose `run_id` changed (or that this backend first reaches
 //!   after start-up) is not counted toward a quorum until the restart delay (default: the
 //!   longest ttl in use) has passed since it came back; nor is a node whose server process
@@ -33,7 +37,8 @@
 //!   quorum of confirmations in time the grant is given back and the try fails.
 //! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
 //!   on every node it freed, and those messages are merged so that one release wakes one local
-//!   waiter.
+//!   waiter; a message heard while a try of the name runs here is held until the try ends, and
+//!   dropped if it was granted.
 
 pub(crate) mod admin;
 
@@ -912,6 +917,7 @@ impl Inner {
     /// Releases a failed try on every node. Nodes that answered are released now (bounded by
     /// the node timeout); on nodes still busy with the try, the release follows its end in the
     /// background, and until then this owner's votes there are not counted.
+    #[allow(clippy::too_many_arguments)]
     async fn clean_up(
         self: &Arc<Self>,
         rt: &tokio::runtime::Handle,
@@ -1197,10 +1203,12 @@ impl Inner {
 
 /// Subscribes to `name`'s release channel on every node and turns their messages into local
 /// wake-ups. A release publishes once on every node it freed, and so does the clean-up of a try
-/// that failed to reach a quorum (on the nodes it had taken): the messages do not line up
-/// node by node, so none may be dropped by counting. Each message wakes the first local waiter
-/// unless a waiter is already woken and has not started its retry (that retry will see this
-/// release too): the copies of one release wake one waiter, and no release goes unheard.
+/// that failed to reach a quorum (on the nodes it had taken) unless another owner holds one:
+/// the messages do not line up node by node, so none may be dropped by counting. Each message
+/// wakes the first local waiter unless a waiter is already woken and has not started its retry
+/// (that retry will see this release too); while a try of the name runs here it is held until
+/// the try ends, and dropped if it was granted (`Inner::heard_release`): the copies of one
+/// release wake about one waiter, and no release goes unheard.
 async fn run_proxy(
     inner: Arc<Inner>,
     name: String,
