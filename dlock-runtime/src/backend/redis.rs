@@ -854,10 +854,15 @@ impl RedisBackend {
         owner: &str,
         keep_for: Option<Duration>,
         all: bool,
+        publish: bool,
     ) -> Result<Released, LockError> {
         let (mut con, _) = self.conn(name)?;
         let lock = key::lock_key(name);
-        let channel = key::suffixed(&lock, key::CHANNEL_SUFFIX);
+        let channel = if publish {
+            key::suffixed(&lock, key::CHANNEL_SUFFIX)
+        } else {
+            String::new()
+        };
         let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
         let mut cmd = scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
         cmd.arg(&lock)
@@ -1108,20 +1113,7 @@ impl Backend for RedisBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
-        Box::pin(async move {
-            let r = self.release_once(name, owner, keep_for, all).await;
-            if all && matches!(r, Err(LockError::Backend { .. })) {
-                let me = self.clone();
-                let (n, o) = (name.to_string(), owner.to_string());
-                self.inner
-                    .reaper
-                    .retry(name, owner, self.inner.url.clone(), move || {
-                        let (me, n, o) = (me.clone(), n.clone(), o.clone());
-                        async move { me.release_once(&n, &o, keep_for, true).await }
-                    });
-            }
-            r
-        })
+        Box::pin(self.release_publishing(name, owner, keep_for, all, true))
     }
 
     fn extend<'a>(
@@ -1201,6 +1193,20 @@ impl RedisBackend {
         ttl: Duration,
         wait: Option<(usize, Duration)>,
     ) -> Result<(Acquired, Option<Result<usize, String>>), LockError> {
+        let (a, acked, _) = self.acquire_inner(name, owner, ttl, wait, false).await?;
+        Ok((a, acked))
+    }
+
+    /// [`RedisBackend::acquire_then_wait`]; with `holder` set, a busy answer also names the
+    /// holder's owner id.
+    async fn acquire_inner(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        wait: Option<(usize, Duration)>,
+        holder: bool,
+    ) -> Result<(Acquired, Option<Result<usize, String>>, Option<String>), LockError> {
         let (mut con, _) = self.conn(name)?;
         con.defer_replace = true;
         let mut pin = PinOnDrop {
@@ -1217,6 +1223,9 @@ impl RedisBackend {
             .arg(owner)
             .arg(ms(ttl))
             .arg(ms(ttl + FENCE_GRACE));
+        if holder {
+            cmd.arg(1);
+        }
         let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
             None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
                 .await
@@ -1242,6 +1251,22 @@ impl RedisBackend {
             }
         }
         let (r, acked) = r.map_err(|e| map_err(name, e))?;
+        let (r, held_by) = match r {
+            Value::Array(a)
+                if holder && matches!(a.as_slice(), [Value::Int(_), Value::BulkString(_)]) =>
+            {
+                let mut it = a.into_iter();
+                let pttl = it.next().unwrap_or(Value::Nil);
+                let h = match it.next() {
+                    Some(Value::BulkString(b)) if !b.is_empty() => {
+                        Some(String::from_utf8_lossy(&b).into_owned())
+                    }
+                    _ => None,
+                };
+                (pttl, h)
+            }
+            r => (r, None),
+        };
         let acquired = scripts::acquire_reply(&r).ok_or_else(|| {
             LockError::backend(
                 name,
@@ -1252,7 +1277,43 @@ impl RedisBackend {
             Value::Int(k) => Ok(k.max(0) as usize),
             other => Err(format!("unexpected WAIT reply {other:?}")),
         });
-        Ok((acquired, acked))
+        Ok((acquired, acked, held_by))
+    }
+
+    /// [`Backend::release`]; with `publish` unset a lock it frees publishes no wake-up (Redlock's
+    /// clean-up of a failed try on a name another owner holds: that owner's release wakes).
+    pub(crate) async fn release_publishing(
+        &self,
+        name: &str,
+        owner: &str,
+        keep_for: Option<Duration>,
+        all: bool,
+        publish: bool,
+    ) -> Result<Released, LockError> {
+        let r = self.release_once(name, owner, keep_for, all, publish).await;
+        if all && matches!(r, Err(LockError::Backend { .. })) {
+            let me = self.clone();
+            let (n, o) = (name.to_string(), owner.to_string());
+            self.inner
+                .reaper
+                .retry(name, owner, self.inner.url.clone(), move || {
+                    let (me, n, o) = (me.clone(), n.clone(), o.clone());
+                    async move { me.release_once(&n, &o, keep_for, true, publish).await }
+                });
+        }
+        r
+    }
+
+    /// [`Backend::try_acquire`], also naming the holder in a busy answer (the owner id that holds
+    /// the name on this server; `None` on a grant, or when the reply names none).
+    pub(crate) async fn try_acquire_holder(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(Acquired, Option<String>), LockError> {
+        let (a, _, h) = self.acquire_inner(name, owner, ttl, None, true).await?;
+        Ok((a, h))
     }
 
     /// The server's `run_id` (`INFO server`): it changes when the server restarts (used by the

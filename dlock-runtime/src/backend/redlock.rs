@@ -9,7 +9,11 @@
 //!   `drift = ttl × drift_factor + drift_fixed` (default 1 % + 2 ms). The guard's deadline is
 //!   that validity ([`Backend::lease_margin`] returns the drift).
 //! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
-//!   including those that did not answer in time (after their acquire finished).
+//!   including those that did not answer in time (after their acquire finished). A failed
+//!   try's clean-up runs to its end in a task of its own; this owner's next try on that node
+//!   waits for it. It publishes no wake-up when the try's busy answers (which name the holder)
+//!   show one owner on a quorum: that owner's release wakes the waiters (issue 19: otherwise
+//!   each waiter woken took the freed node again, failed and woke the next, for the whole hold).
 //! * **Restarted nodes.** A node whose `run_id` changed (or that this backend first reaches
 //!   after start-up) is not counted toward a quorum until the restart delay (default: the
 //!   longest ttl in use) has passed since it came back; nor is a node whose server process
@@ -33,7 +37,8 @@
 //!   quorum of confirmations in time the grant is given back and the try fails.
 //! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
 //!   on every node it freed, and those messages are merged so that one release wakes one local
-//!   waiter.
+//!   waiter; a message heard while a try of the name runs here is held until the try ends, and
+//!   dropped if it was granted.
 
 pub(crate) mod admin;
 
@@ -159,7 +164,8 @@ impl RedlockBuilder {
                 queues,
                 proxies,
                 next_proxy: AtomicU64::new(0),
-                dirty: Mutex::new(HashSet::new()),
+                dirty: Mutex::new(HashMap::new()),
+                wake: Mutex::new(HashMap::new()),
                 held: Mutex::new(HashSet::new()),
                 inflight: Mutex::new(HashMap::new()),
                 next_try: AtomicU64::new(0),
@@ -234,9 +240,13 @@ struct Inner {
     /// One subscription set per waited-on name.
     proxies: Arc<Mutex<HashMap<String, Proxy>>>,
     next_proxy: AtomicU64,
-    /// (node, name, owner) whose clean-up after a failed acquire is still pending on that node:
-    /// its votes for that owner are not counted until the clean-up ran.
-    dirty: Mutex<HashSet<(usize, String, String)>>,
+    /// (node, name, owner) whose clean-up after a failed acquire is still pending on that node,
+    /// with a receiver that turns true once it ran: a later try of that owner there is sent
+    /// after it (bounded), else its vote counts against.
+    dirty: Mutex<HashMap<NodeCall, tokio::sync::watch::Receiver<Option<bool>>>>,
+    /// Per waited-on name: this backend's tries in flight, and whether a release was heard
+    /// meanwhile (see `run_proxy`).
+    wake: Mutex<HashMap<String, WakeState>>,
     /// (name, owner) holds this backend granted to its caller and that were not given back
     /// entirely yet: a try of such an owner is a re-entry. Decided here rather than from the
     /// replies (a count above 1), which a fresh owner meeting its own leftover hold from an
@@ -248,6 +258,47 @@ struct Inner {
     /// is (try id, a receiver that turns true when the call has ended); removed by the call.
     inflight: Mutex<HashMap<NodeCall, Vec<CallEnd>>>,
     next_try: AtomicU64,
+}
+
+/// Tries of one name in flight in this backend, and whether a node published a release
+/// meanwhile (its wake-up is held until the tries end, and dropped if one was granted).
+#[derive(Default)]
+struct WakeState {
+    trying: usize,
+    heard: bool,
+}
+
+/// Ends one try in `Inner::wake` (also when the try's future is dropped): a release heard
+/// during the tries wakes a local waiter once none is left, unless one was granted.
+struct Trying<'a> {
+    inner: &'a Inner,
+    name: &'a str,
+    granted: bool,
+}
+
+impl Drop for Trying<'_> {
+    fn drop(&mut self) {
+        let wake = {
+            let mut map = self.inner.wake.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(st) = map.get_mut(self.name) else {
+                return;
+            };
+            st.trying = st.trying.saturating_sub(1);
+            if self.granted {
+                st.heard = false;
+            }
+            // A release heard while a try was in flight may have freed a node after that
+            // try's script ran there: it wakes, unless a try here was granted.
+            let wake = st.trying == 0 && std::mem::take(&mut st.heard);
+            if st.trying == 0 {
+                map.remove(self.name);
+            }
+            wake
+        };
+        if wake {
+            self.inner.queues.wake_one_unless_pending(self.name);
+        }
+    }
 }
 
 struct Node {
@@ -355,6 +406,10 @@ fn runtime() -> Result<tokio::runtime::Handle, LockError> {
 /// is itself bounded by the node connection's response timeout (1 s by default), so this only
 /// stops a release from waiting on a call that somehow outlives its own bound.
 const INFLIGHT_BOUND: Duration = Duration::from_secs(5);
+
+/// How long a clean-up that a node did not confirm keeps refusing its owner's tries there
+/// (its release is retried in the background meanwhile, within 30 s).
+const UNCONFIRMED_CLEAN_UP: Duration = Duration::from_secs(30);
 
 /// (node index, lock name, owner id).
 type NodeCall = (usize, String, String);
@@ -515,9 +570,49 @@ impl Inner {
         st.counts_now(now, delay)
     }
 
-    fn is_dirty(&self, i: usize, name: &str, owner: &str) -> bool {
+    /// The pending clean-up of `owner`'s earlier try on node `i`, if any.
+    fn dirty(
+        &self,
+        i: usize,
+        name: &str,
+        owner: &str,
+    ) -> Option<tokio::sync::watch::Receiver<Option<bool>>> {
         let d = self.dirty.lock().unwrap_or_else(|e| e.into_inner());
-        !d.is_empty() && d.contains(&(i, name.to_string(), owner.to_string()))
+        if d.is_empty() {
+            return None;
+        }
+        d.get(&(i, name.to_string(), owner.to_string())).cloned()
+    }
+
+    /// Starts a try of `name`: a release heard while it runs wakes nobody until it ends.
+    fn start_try<'a>(&'a self, name: &'a str) -> Trying<'a> {
+        self.wake
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(name.to_string())
+            .or_default()
+            .trying += 1;
+        Trying {
+            inner: self,
+            name,
+            granted: false,
+        }
+    }
+
+    /// A node published a release of `name`: wakes the first local waiter, or, while a try of
+    /// the name runs here, holds the wake-up until it ended (a grant drops it: the copies of
+    /// one release, one per node, then wake one waiter, not one each).
+    fn heard_release(&self, name: &str) {
+        {
+            let mut map = self.wake.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(st) = map.get_mut(name)
+                && st.trying > 0
+            {
+                st.heard = true;
+                return;
+            }
+        }
+        self.queues.wake_one_unless_pending(name);
     }
 
     /// Registers an acquire call on node `i`; the returned value ends the registration (and
@@ -581,24 +676,34 @@ impl Inner {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut tasks = Vec::with_capacity(self.nodes.len());
         for (i, node) in self.nodes.iter().enumerate() {
-            if self.is_dirty(i, name, owner) {
-                let _ = tx.send((
-                    i,
-                    Err(LockError::backend(
-                        name,
-                        "clean-up of an earlier try still pending on this node",
-                    )),
-                ));
-                tasks.push(None);
-                continue;
-            }
+            // This owner's clean-up of an earlier try still runs on this node: the try goes
+            // after it (a release of this owner sent later would delete the new grant).
+            let dirty = self.dirty(i, name, owner);
             let fut = op(node.backend.clone(), name.to_string(), owner.to_string());
+            let err_name = name.to_string();
             let backend = node.backend.clone();
             let me = self.clone();
             let tx = tx.clone();
             let tracked = track.then(|| self.track(i, name, owner));
             tasks.push(Some(rt.spawn(async move {
                 let _tracked = tracked;
+                if let Some(mut rx) = dirty {
+                    let ran = tokio::time::timeout(INFLIGHT_BOUND, rx.wait_for(Option::is_some))
+                        .await
+                        .ok()
+                        .and_then(|r| r.ok().and_then(|v| *v));
+                    // Sent only after a confirmed clean-up there.
+                    if ran != Some(true) {
+                        let _ = tx.send((
+                            i,
+                            Err(LockError::backend(
+                                &err_name,
+                                "clean-up of an earlier try still pending on this node",
+                            )),
+                        ));
+                        return;
+                    }
+                }
                 // The script is polled first, so it is queued on the connection before
                 // CLIENT GETNAME: a connection name read after it names the connection it ran
                 // on, or a later one.
@@ -629,9 +734,13 @@ impl Inner {
         let sent = Instant::now();
         self.note_ttl(ttl);
         let n = self.nodes.len();
+        let mut trying = self.start_try(name);
         let (mut rx, tasks) = self.fan_out(&rt, name, owner, true, move |b, name, owner| {
-            Box::pin(async move { b.try_acquire(&name, &owner, ttl).await })
+            Box::pin(async move { b.try_acquire_holder(&name, &owner, ttl).await })
         });
+        // Owners that answered busy, with their node count: one with a quorum holds the lock,
+        // and its release wakes the waiters.
+        let mut holders: HashMap<String, usize> = HashMap::new();
         let deadline = sent + self.node_timeout;
         let mut answered: Vec<Option<Result<(Acquired, bool), ()>>> =
             (0..n).map(|_| None).collect();
@@ -649,7 +758,10 @@ impl Inner {
                 break;
             };
             match r {
-                Ok((a, counted)) => {
+                Ok(((a, holder), counted)) => {
+                    if let Some(h) = holder {
+                        *holders.entry(h).or_default() += 1;
+                    }
                     match a {
                         Acquired::Granted { token: t, count: c } => {
                             if counted {
@@ -701,6 +813,7 @@ impl Inner {
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
                         .insert((name.to_string(), owner.to_string()));
+                    trying.granted = true;
                     return Ok(Acquired::Granted { token, count });
                 }
                 Ok(()) => {
@@ -716,9 +829,14 @@ impl Inner {
             }
             busy = None;
         }
-        // Failed: give back whatever this try took, on every node.
-        self.clean_up(&rt, name, owner, reentry, &answered, tasks)
+        // Failed: give back whatever this try took, on every node. When another owner holds a
+        // quorum, freeing the nodes this try took is no release: it wakes nobody (else each
+        // waiter it woke would take those nodes again, fail, and wake the next, for the whole
+        // hold). Otherwise (a split vote, unanswered nodes) it wakes, so that a try follows.
+        let publish = !holders.values().any(|&k| k >= self.quorum);
+        self.clean_up(&rt, name, owner, reentry, &answered, tasks, publish)
             .await;
+        drop(trying);
         if let Some(remaining) = busy {
             return Ok(Acquired::Busy { remaining });
         }
@@ -799,6 +917,7 @@ impl Inner {
     /// Releases a failed try on every node. Nodes that answered are released now (bounded by
     /// the node timeout); on nodes still busy with the try, the release follows its end in the
     /// background, and until then this owner's votes there are not counted.
+    #[allow(clippy::too_many_arguments)]
     async fn clean_up(
         self: &Arc<Self>,
         rt: &tokio::runtime::Handle,
@@ -807,6 +926,7 @@ impl Inner {
         reentry: bool,
         answered: &[Option<Result<(Acquired, bool), ()>>],
         tasks: Vec<Option<tokio::task::JoinHandle<()>>>,
+        publish: bool,
     ) {
         let mut now = Vec::new();
         for (i, task) in tasks.into_iter().enumerate() {
@@ -823,33 +943,47 @@ impl Inner {
                 // outermost release; a release here could delete the outer hold.
                 continue;
             }
+            // Every clean-up runs to its end in a task of its own (a dropped release could
+            // still run on the node after a later try of this owner there, and delete its
+            // grant); until it is confirmed, this owner's next try on the node waits for it.
             let backend = self.nodes[i].backend.clone();
+            let key = (i, name.to_string(), owner.to_string());
+            let (ran, rx) = tokio::sync::watch::channel(None);
+            self.dirty
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key.clone(), rx.clone());
             if answered[i].is_some() {
-                now.push(async move {
-                    let _ = tokio::time::timeout(
-                        self.node_timeout,
-                        backend.release(name, owner, None, all),
-                    )
-                    .await;
-                });
-            } else {
-                let key = (i, name.to_string(), owner.to_string());
-                self.dirty
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(key.clone());
-                let me = self.clone();
-                rt.spawn(async move {
-                    let _ = task.await;
-                    let _ = backend.release(&key.1, &key.2, None, all).await;
-                    me.dirty
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&key);
-                });
+                now.push(rx.clone());
             }
+            let me = self.clone();
+            rt.spawn(async move {
+                // Behind the try on this node, if it is still running.
+                let _ = task.await;
+                let ok = backend
+                    .release_publishing(&key.1, &key.2, None, all, publish)
+                    .await
+                    .is_ok();
+                let _ = ran.send(Some(ok));
+                if !ok {
+                    // Retried in the background by the node's backend: this owner's tries on
+                    // the node are refused meanwhile (bounded: owners are fresh per call).
+                    tokio::time::sleep(UNCONFIRMED_CLEAN_UP).await;
+                }
+                let mut d = me.dirty.lock().unwrap_or_else(|e| e.into_inner());
+                if d.get(&key).is_some_and(|r| r.same_channel(&rx)) {
+                    d.remove(&key);
+                }
+            });
         }
-        join_all(now).await;
+        // The nodes that answered are cleaned up before the try's answer (bounded).
+        let _ = tokio::time::timeout(
+            self.node_timeout,
+            join_all(now.into_iter().map(|mut rx| async move {
+                let _ = rx.wait_for(Option::is_some).await;
+            })),
+        )
+        .await;
     }
 
     async fn release(
@@ -1069,10 +1203,12 @@ impl Inner {
 
 /// Subscribes to `name`'s release channel on every node and turns their messages into local
 /// wake-ups. A release publishes once on every node it freed, and so does the clean-up of a try
-/// that failed to reach a quorum (on the nodes it had taken): the messages do not line up
-/// node by node, so none may be dropped by counting. Each message wakes the first local waiter
-/// unless a waiter is already woken and has not started its retry (that retry will see this
-/// release too): the copies of one release wake one waiter, and no release goes unheard.
+/// that failed to reach a quorum (on the nodes it had taken) unless another owner holds one:
+/// the messages do not line up node by node, so none may be dropped by counting. Each message
+/// wakes the first local waiter unless a waiter is already woken and has not started its retry
+/// (that retry will see this release too); while a try of the name runs here it is held until
+/// the try ends, and dropped if it was granted (`Inner::heard_release`): the copies of one
+/// release wake about one waiter, and no release goes unheard.
 async fn run_proxy(
     inner: Arc<Inner>,
     name: String,
@@ -1143,7 +1279,7 @@ async fn run_proxy(
                 if m.is_none() {
                     break;
                 }
-                inner.queues.wake_one_unless_pending(&name);
+                inner.heard_release(&name);
             }
         }
     }

@@ -6,7 +6,9 @@
 -- Returns, by reply type:
 --   bulk string  the token (decimal digits) of a first acquisition: the caller holds it once;
 --   array        {token, count} of a re-entry (the caller's hold count after it);
---   integer      the remaining lease in ms (-1: no expiry) when another owner holds the lock.
+--   integer      the remaining lease in ms (-1: no expiry) when another owner holds the lock;
+--   array        {remaining ms, holder's owner id} instead when ARGV[4] is given (Redlock: a
+--                failed try tells from it whether one owner holds a quorum of the nodes).
 -- Cost notes (server time is what limits throughput; see BENCHMARKS.md): every redis.call
 -- costs a few thousand instructions, and so does a Lua number passed to redis.call (Redis
 -- formats it with %.17g) or a table returned (Redis probes it for err/ok/map fields). So the
@@ -47,5 +49,13 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
   return {redis.call('HGET', KEYS[1], ':fence') or '0', count}
+end
+if ARGV[4] then
+  local ks = redis.call('HKEYS', KEYS[1])
+  local o = ks[1]
+  if o == ':fence' then
+    o = ks[2]
+  end
+  return {pttl, o or ''}
 end
 return pttl

@@ -1,6 +1,7 @@
 -- dlock release: give back one hold, owner-checked.
 -- KEYS[1] lock hash `dlock:{E}`
--- ARGV[1] owner id, ARGV[2] keep-for in ms (0: delete now), ARGV[3] release channel `dlock:{E}:rel`,
+-- ARGV[1] owner id, ARGV[2] keep-for in ms (0: delete now), ARGV[3] release channel `dlock:{E}:rel`
+-- ('' publishes nothing: Redlock's clean-up of a failed try while another owner holds a quorum),
 -- ARGV[4] '1' to give back every hold of the owner (the outermost guard), '0' for one
 -- Returns -1 when the caller is not the owner (nothing changed), the remaining hold count when
 -- holds remain, 0 when the lock was freed (deleted and one wake-up published, or kept until
@@ -30,5 +31,7 @@ end
 redis.call('DEL', KEYS[1])
 -- pcall: a user without channel permission (ACL) must still release; its waiters fall back to
 -- the holder's lease timer. The DEL above has already happened and is not rolled back.
-redis.pcall('PUBLISH', ARGV[3], '1')
+if ARGV[3] ~= '' then
+  redis.pcall('PUBLISH', ARGV[3], '1')
+end
 return 0
