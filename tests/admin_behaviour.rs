@@ -377,6 +377,55 @@ async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
     g.release().await.unwrap();
 }
 
+/// A release with `hold_at_least` (the scheduled-job pattern) is reported as a release, and the
+/// kept key's end is not reported as an expiry, which is a crashed holder's signature (review
+/// surfaces.md m6: two `Acquired` and one `Expired`, no `Released`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_watch_reports_a_kept_release_as_a_release_not_an_expiry() {
+    let env = Env::redis().await;
+    let mut con = env.server().admin_async().await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kghx")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let admin = env.admin().await;
+    let mut w = admin.watch("kept:").await.expect("watch");
+    let g = env
+        .lock("kept:job")
+        .hold_at_least(Duration::from_millis(300))
+        .acquire()
+        .await
+        .unwrap();
+    // The watch reads the hash when it hears of a change; a hold this short would be read
+    // after its release (a real job runs longer).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    g.release().await.unwrap();
+    let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1500);
+    while let Ok(Some(Ok(e))) = tokio::time::timeout_at(deadline, w.events.recv()).await {
+        events.push(e);
+    }
+    let of = |f: fn(&LockEvent) -> bool| events.iter().filter(|e| f(e)).count();
+    assert_eq!(
+        of(|e| matches!(e, LockEvent::Acquired { .. })),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(
+        of(|e| matches!(e, LockEvent::Released { .. })),
+        1,
+        "{events:?}"
+    );
+    assert_eq!(
+        of(|e| matches!(e, LockEvent::Expired { .. })),
+        0,
+        "{events:?}"
+    );
+}
+
 /// Keys under `dlock:{` that are not dlock locks (another type at a lock's key, a key the
 /// library never writes) are counted as skipped, never listed; force-release does not touch a
 /// key of another type.

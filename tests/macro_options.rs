@@ -537,3 +537,23 @@ async fn crate_option_reaches_the_runtime_through_another_path() {
     fresh("mo_crate");
     assert!(renamed::through_a_renamed_path().await.unwrap() > 0);
 }
+
+/// `hold_at_least = "0s"` (the README's example, and what a policy accepts) compiles and means
+/// no minimum: the lock is free as soon as the body returns (review surfaces.md m4: the attribute
+/// refused zero while the policy took it).
+#[distributed_lock(key = "zero-min", backend = "mo_zero_min", hold_at_least = "0s")]
+async fn zero_minimum() -> Result<(), LockError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn hold_at_least_zero_is_accepted_and_keeps_nothing() {
+    fresh("mo_zero_min");
+    zero_minimum().await.unwrap();
+    let g = Lock::new("zero-min")
+        .backend("mo_zero_min")
+        .acquire()
+        .await
+        .expect("a zero minimum kept the lock after the body returned");
+    g.release().await.unwrap();
+}

@@ -130,7 +130,7 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
         "ttl" => out.ttl = Some(duration::parse(&lit_str(name, value)?, name, true)?),
         "wait" => out.wait = Some(duration::parse(&lit_str(name, value)?, name, false)?),
         "hold_at_least" => {
-            out.hold_at_least = Some(duration::parse(&lit_str(name, value)?, name, true)?);
+            out.hold_at_least = Some(duration::parse(&lit_str(name, value)?, name, false)?);
         }
         "backend" => out.backend = Some(non_empty(name, &lit_str(name, value)?)?),
         "policy" => out.policy = Some(non_empty(name, &lit_str(name, value)?)?),

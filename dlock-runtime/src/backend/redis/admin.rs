@@ -318,6 +318,8 @@ impl RedisAdmin {
         let reader = self.clone();
         tokio::spawn(async move {
             let mut stream = pubsub.into_on_message();
+            // Names released with `hold_at_least` whose kept key has not expired yet.
+            let mut kept = std::collections::HashSet::<String>::new();
             loop {
                 let msg = tokio::select! {
                     m = stream.next() => m,
@@ -351,15 +353,25 @@ impl RedisAdmin {
                     // The acquire script's HSET of a new hash; re-entries are HINCRBY.
                     "hset" => {
                         let now = reader.read(&name).await.ok().flatten();
-                        LockEvent::Acquired {
-                            owner: now.as_ref().and_then(|i| {
-                                i.holders
-                                    .iter()
-                                    .find(|h| h.holds > 0)
-                                    .map(|h| h.owner.clone())
-                            }),
-                            token: now.and_then(|i| i.token),
-                            name,
+                        let owner = now.as_ref().and_then(|i| {
+                            i.holders
+                                .iter()
+                                .find(|h| h.holds > 0)
+                                .map(|h| h.owner.clone())
+                        });
+                        if owner.is_none() && now.as_ref().is_some_and(|i| !i.holders.is_empty()) {
+                            // A release with `hold_at_least`: the script set the holder's count
+                            // to 0 and keeps the key until the minimum; its expiry is not a
+                            // crashed holder's.
+                            kept.insert(name.clone());
+                            LockEvent::Released { name }
+                        } else {
+                            kept.remove(&name);
+                            LockEvent::Acquired {
+                                owner,
+                                token: now.and_then(|i| i.token),
+                                name,
+                            }
                         }
                     }
                     "hincrby" => LockEvent::Other {
@@ -370,6 +382,10 @@ impl RedisAdmin {
                     // A cluster's release channels are sharded and cannot be subscribed by
                     // pattern: the release script's DEL stands for the release.
                     "del" if reader.sharded => LockEvent::Released { name },
+                    "expired" if kept.remove(&name) => LockEvent::Other {
+                        name,
+                        what: "kept lease ended (hold_at_least after a release)".into(),
+                    },
                     "expired" => LockEvent::Expired { name },
                     // DEL: the release message follows; PEXPIRE: renewals.
                     _ => continue,
