@@ -324,18 +324,7 @@ fn key_code(
                 };
                 let span = b.span;
                 let mut expr = b.tokens.clone();
-                for field in &path[1..] {
-                    if field.chars().all(|c| c.is_ascii_digit()) {
-                        let idx = syn::Index {
-                            index: field.parse().unwrap_or(0),
-                            span,
-                        };
-                        expr.extend(quote_spanned!(span=> .#idx));
-                    } else {
-                        let id = syn::Ident::new(field, span);
-                        expr.extend(quote_spanned!(span=> .#id));
-                    }
-                }
+                push_fields(&mut expr, &path[1..], span);
                 let special = tpl.special_after(i);
                 // Spanned at the parameter, so a value without `Display` is reported there.
                 stmts.push(quote_spanned!(span=> __dlock_k.value(&#expr, #special);));
@@ -347,6 +336,22 @@ fn key_code(
         #(#stmts)*
         __dlock_k.finish()
     }}
+}
+
+/// Appends `.field` / `.0` accesses for a placeholder's field path, spanned at `span`.
+fn push_fields(expr: &mut TokenStream, fields: &[String], span: Span) {
+    for field in fields {
+        if field.chars().all(|c| c.is_ascii_digit()) {
+            let idx = syn::Index {
+                index: field.parse().unwrap_or(0),
+                span,
+            };
+            expr.extend(quote_spanned!(span=> .#idx));
+        } else {
+            let id = syn::Ident::new(field, span);
+            expr.extend(quote_spanned!(span=> .#id));
+        }
+    }
 }
 
 /// `key!("order:{order_id}:{user.id}")`: the attribute's key rendering over the variables in
@@ -399,18 +404,7 @@ pub(crate) fn key_macro(input: TokenStream) -> TokenStream {
                     let id = syn::Ident::new(&path[0], span);
                     quote_spanned!(span=> #id)
                 };
-                for field in &path[1..] {
-                    if field.chars().all(|c| c.is_ascii_digit()) {
-                        let idx = syn::Index {
-                            index: field.parse().unwrap_or(0),
-                            span,
-                        };
-                        expr.extend(quote_spanned!(span=> .#idx));
-                    } else {
-                        let id = syn::Ident::new(field, span);
-                        expr.extend(quote_spanned!(span=> .#id));
-                    }
-                }
+                push_fields(&mut expr, &path[1..], span);
                 let special = tpl.special_after(i);
                 stmts.push(quote_spanned!(span=> __dlock_k.value(&#expr, #special);));
             }

@@ -7,7 +7,6 @@ pub(crate) mod admin;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -17,7 +16,7 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
-use super::redis::{Reaper, redact_url};
+use super::redis::{Reaper, RefusalGate, redact_url};
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::key::redis_keys;
@@ -223,8 +222,7 @@ impl ClusterBackendBuilder {
                 pubsub_client,
                 label,
                 conns: Mutex::new(Vec::new()),
-                refusing: AtomicBool::new(false),
-                refusal: Mutex::new(Refusal::default()),
+                refusal: RefusalGate::default(),
                 min_replicas: self.min_replicas,
                 response_timeout: self.response_timeout,
                 op_timeout: self.op_timeout,
@@ -267,8 +265,7 @@ struct Inner {
     label: String,
     conns: Mutex<Vec<RtConn>>,
     /// Set while the cluster refuses SSUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
-    refusing: AtomicBool,
-    refusal: Mutex<Refusal>,
+    refusal: RefusalGate,
     min_replicas: Option<(usize, Duration)>,
     response_timeout: Duration,
     op_timeout: Duration,
@@ -285,18 +282,9 @@ impl fmt::Debug for ClusterBackend {
     }
 }
 
-/// Back-off state of a refused SSUBSCRIBE (Redis 6, an ACL user without channel permission),
-/// as on one server: until `until`, waiters use the holder's lease as their timer without
-/// asking; then the next waiter asks again, and a new refusal doubles the back-off (1 s up to
-/// 60 s). An ACL fixed while the service runs is picked up within a minute (review #8).
-#[derive(Default)]
-struct Refusal {
-    until: Option<Instant>,
-    backoff: Duration,
-}
-
-const REFUSAL_BACKOFF_MIN: Duration = Duration::from_secs(1);
-const REFUSAL_BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// A refused SSUBSCRIBE (Redis 6, an ACL user without channel permission) backs off as on one
+/// server ([`RefusalGate`]): 1 s doubling to 60 s, so an ACL fixed while the service runs is
+/// picked up within a minute (review #8).
 /// Back-off between attempts to subscribe a channel again after a lost connection.
 const RESUBSCRIBE_BACKOFF_MIN: Duration = Duration::from_millis(50);
 const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -820,26 +808,13 @@ impl ClusterBackend {
         Ok(crate::scripts::release_reply(r))
     }
 
-    /// True while a refused SSUBSCRIBE is in its back-off (see [`Refusal`]).
+    /// True while a refused SSUBSCRIBE is in its back-off (see [`RefusalGate`]).
     fn refused_now(&self) -> bool {
-        if !self.inner.refusing.load(Ordering::Relaxed) {
-            return false;
-        }
-        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
-        r.until.is_some_and(|t| Instant::now() < t)
+        self.inner.refusal.refused_now()
     }
 
     fn note_refusal(&self, e: &RedisError) {
-        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
-        let first = r.until.is_none();
-        r.backoff = if first {
-            REFUSAL_BACKOFF_MIN
-        } else {
-            (r.backoff * 2).min(REFUSAL_BACKOFF_MAX)
-        };
-        r.until = Some(Instant::now() + r.backoff);
-        self.inner.refusing.store(true, Ordering::Relaxed);
-        if first {
+        if self.inner.refusal.note_refusal() {
             tracing::warn!(
                 seeds = %self.inner.label,
                 error = %e,
@@ -849,11 +824,9 @@ impl ClusterBackend {
     }
 
     fn note_accepted(&self) {
-        if !self.inner.refusing.swap(false, Ordering::Relaxed) {
-            return;
+        if self.inner.refusal.note_accepted() {
+            tracing::info!(seeds = %self.inner.label, "dlock: the cluster accepts SSUBSCRIBE again; waiters are woken by releases");
         }
-        *self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Refusal::default();
-        tracing::info!(seeds = %self.inner.label, "dlock: the cluster accepts SSUBSCRIBE again; waiters are woken by releases");
     }
 
     /// Number of callers of the current runtime waiting on this backend.

@@ -152,8 +152,7 @@ impl RedisBackendBuilder {
                 url: redacted,
                 config: self,
                 conns: Mutex::new(Vec::new()),
-                refusing: AtomicBool::new(false),
-                refusal: Mutex::new(Refusal::default()),
+                refusal: RefusalGate::default(),
                 pins: Mutex::new(HashMap::new()),
                 reaper: Arc::default(),
             }),
@@ -201,8 +200,7 @@ struct Inner {
     config: RedisBackendBuilder,
     conns: Mutex<Vec<RtConn>>,
     /// Set while the server refuses SUBSCRIBE (see [`Refusal`]): the fast check in `watch`.
-    refusing: AtomicBool,
-    refusal: Mutex<Refusal>,
+    refusal: RefusalGate,
     /// Acquire calls whose reply was not read (see [`Pin`]), by (lock name, owner).
     pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
     /// Releases being retried in the background (see [`Reaper`]).
@@ -309,6 +307,48 @@ struct Refusal {
 
 const REFUSAL_BACKOFF_MIN: Duration = Duration::from_secs(1);
 const REFUSAL_BACKOFF_MAX: Duration = Duration::from_secs(60);
+
+/// The refusal back-off of one backend's subscriptions ([`Refusal`]), shared by the single-node
+/// and the cluster backends (SUBSCRIBE and SSUBSCRIBE).
+#[derive(Default)]
+pub(crate) struct RefusalGate {
+    refusing: AtomicBool,
+    refusal: Mutex<Refusal>,
+}
+
+impl RefusalGate {
+    /// True while a refusal is in its back-off: waiters do not ask now.
+    pub(crate) fn refused_now(&self) -> bool {
+        if !self.refusing.load(Ordering::Relaxed) {
+            return false;
+        }
+        let r = self.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        r.until.is_some_and(|t| Instant::now() < t)
+    }
+
+    /// Records a refusal and doubles the back-off; true for the first one (to be logged).
+    pub(crate) fn note_refusal(&self) -> bool {
+        let mut r = self.refusal.lock().unwrap_or_else(|e| e.into_inner());
+        let first = r.until.is_none();
+        r.backoff = if first {
+            REFUSAL_BACKOFF_MIN
+        } else {
+            (r.backoff * 2).min(REFUSAL_BACKOFF_MAX)
+        };
+        r.until = Some(Instant::now() + r.backoff);
+        self.refusing.store(true, Ordering::Relaxed);
+        first
+    }
+
+    /// Records an accepted subscription; true when it ends a refusal (to be logged).
+    pub(crate) fn note_accepted(&self) -> bool {
+        if !self.refusing.swap(false, Ordering::Relaxed) {
+            return false;
+        }
+        *self.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Refusal::default();
+        true
+    }
+}
 
 impl fmt::Debug for RedisBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -1000,24 +1040,11 @@ impl RedisBackend {
 
     /// True while a refused SUBSCRIBE is in its back-off (see [`Refusal`]).
     fn refused_now(&self) -> bool {
-        if !self.inner.refusing.load(Ordering::Relaxed) {
-            return false;
-        }
-        let r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
-        r.until.is_some_and(|t| Instant::now() < t)
+        self.inner.refusal.refused_now()
     }
 
     fn note_refusal(&self, e: &RedisError) {
-        let mut r = self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner());
-        let first = r.until.is_none();
-        r.backoff = if first {
-            REFUSAL_BACKOFF_MIN
-        } else {
-            (r.backoff * 2).min(REFUSAL_BACKOFF_MAX)
-        };
-        r.until = Some(Instant::now() + r.backoff);
-        self.inner.refusing.store(true, Ordering::Relaxed);
-        if first {
+        if self.inner.refusal.note_refusal() {
             tracing::warn!(
                 url = %self.inner.url,
                 error = %e,
@@ -1027,11 +1054,9 @@ impl RedisBackend {
     }
 
     fn note_accepted(&self) {
-        if !self.inner.refusing.swap(false, Ordering::Relaxed) {
-            return;
+        if self.inner.refusal.note_accepted() {
+            tracing::info!(url = %self.inner.url, "dlock: Redis accepts SUBSCRIBE again; waiters are woken by releases");
         }
-        *self.inner.refusal.lock().unwrap_or_else(|e| e.into_inner()) = Refusal::default();
-        tracing::info!(url = %self.inner.url, "dlock: Redis accepts SUBSCRIBE again; waiters are woken by releases");
     }
 
     async fn ping(&self) -> Result<(), LockError> {
