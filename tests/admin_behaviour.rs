@@ -330,11 +330,8 @@ admin_backends!(
     watch_reports_releases_and_acquisitions_under_its_prefix,
 );
 
-/// Redis with keyspace notifications on: acquisitions come with their holder and token, and a
-/// lease that runs out without a release is reported as an expiry.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
-    let env = Env::redis().await;
+/// Turns on the keyspace notifications the Redis watch reads (`Kghx`).
+async fn keyspace_events_on(env: &Env) {
     let mut con = env.server().admin_async().await;
     let _: () = redis::cmd("CONFIG")
         .arg("SET")
@@ -343,6 +340,14 @@ async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
         .query_async(&mut con)
         .await
         .unwrap();
+}
+
+/// Redis with keyspace notifications on: acquisitions come with their holder and token, and a
+/// lease that runs out without a release is reported as an expiry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
+    let env = Env::redis().await;
+    keyspace_events_on(&env).await;
     let admin = env.admin().await;
     let mut w = admin.watch("ks:").await.expect("watch");
     assert!(w.sees_acquisitions, "{}", w.sees);
@@ -383,14 +388,7 @@ async fn redis_keyspace_notifications_show_acquisitions_and_expiries() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_watch_reports_a_kept_release_as_a_release_not_an_expiry() {
     let env = Env::redis().await;
-    let mut con = env.server().admin_async().await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kghx")
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    keyspace_events_on(&env).await;
     let admin = env.admin().await;
     let mut w = admin.watch("kept:").await.expect("watch");
     let g = env

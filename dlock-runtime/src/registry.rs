@@ -32,13 +32,21 @@ pub const URL_ENV: &str = "DLOCK_URL";
 /// While `DLOCK_URL` is set, the in-process fallback is off: a lock taken on `"default"` before
 /// this (or [`init`]) ran is a `Config` error, not a lock local to this process.
 pub async fn init_from_env() -> Result<(), LockError> {
-    match std::env::var(URL_ENV) {
-        Ok(url) if !url.trim().is_empty() => init(url.trim()).await,
-        _ => Err(LockError::Config(format!(
+    match url_from_env() {
+        Some(url) => init(&url).await,
+        None => Err(LockError::Config(format!(
             "{URL_ENV} is not set: set it to the lock store's URL (redis://, postgres://, zk://, \
              etcd://, ... or memory:// for locks local to this process)"
         ))),
     }
+}
+
+/// `DLOCK_URL`, trimmed, when it is set and not empty.
+fn url_from_env() -> Option<String> {
+    std::env::var(URL_ENV)
+        .ok()
+        .map(|u| u.trim().to_string())
+        .filter(|u| !u.is_empty())
 }
 
 /// Connects to Redis and registers it under `name` (replacing what was there); with the
@@ -102,14 +110,14 @@ pub async fn init_named(name: &str, url: &str) -> Result<(), LockError> {
 /// The error for a URL scheme whose engine (or TLS) this build left out, naming the cargo
 /// feature that turns it on; `None` when this build serves the scheme.
 fn missing_feature(scheme: Option<&str>) -> Option<String> {
-    let feature = match scheme? {
+    let scheme = scheme?;
+    let feature = match scheme {
         "zk" if !cfg!(feature = "zookeeper") => "zookeeper",
         "zks" if !cfg!(feature = "zookeeper") => "zookeeper` and `tls",
         "zks" | "rediss" if !cfg!(feature = "tls") => "tls",
         "etcd" if !cfg!(feature = "etcd") => "etcd",
         _ => return None,
     };
-    let scheme = scheme?;
     Some(format!(
         "`{scheme}://` URLs need dlock's `{feature}` feature (this build was made without it): \
          add it to dlock's features in Cargo.toml"
@@ -141,9 +149,7 @@ pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
         return Ok(b.clone());
     }
     if name == DEFAULT_BACKEND {
-        if let Ok(url) = std::env::var(URL_ENV)
-            && !url.trim().is_empty()
-        {
+        if url_from_env().is_some() {
             // The deployment names a shared store: locks local to this process would exclude
             // nothing across replicas. Refuse instead of falling back.
             return Err(LockError::Config(format!(
