@@ -615,6 +615,67 @@ mod on_postgres {
     use super::*;
     use common::sql::PgProc;
 
+    /// Issue 20: the library's URL takes the CLI's `?dlock_table=` (and `dlock_mode=`), so one
+    /// string names one lock table for `dlock::init`, the builders and `dlock list`. Before, the
+    /// driver refused it: "invalid connection string". A misspelt `dlock_` parameter, an unknown
+    /// mode, and a table named differently by the URL and by `table(..)` are `Config` errors.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_url_names_the_table_and_the_mode_as_the_cli_does() {
+        let url = common::sql::pg_url();
+        let env = common::sql::DbEnv {
+            url: url.clone(),
+            table: common::sql::unique_table("urlparam"),
+        };
+        let table = env.table.clone();
+        let with = |kv: &str| common::sql::with_param(&url, kv);
+        let b = dlock::PostgresBackend::connect(&with(&format!("dlock_table={table}")))
+            .await
+            .expect("a URL with dlock_table connects");
+        assert_eq!(b.table(), table);
+        let g = Lock::new("url-param")
+            .with_backend(Arc::new(b))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(env.pg_is_locked("url-param").await, "the row is in {table}");
+        g.release().await.unwrap();
+
+        let b = dlock::PostgresBackend::connect(&with(&format!(
+            "dlock_table={table}&dlock_mode=advisory"
+        )))
+        .await
+        .expect("dlock_mode=advisory connects");
+        let g = Lock::new("url-mode")
+            .with_backend(Arc::new(b))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(
+            env.pg_advisory_is_locked("url-mode").await,
+            "an advisory lock keyed by {table}"
+        );
+        assert!(
+            !env.pg_is_locked("url-mode").await,
+            "no row in advisory mode"
+        );
+        g.release().await.unwrap();
+
+        for (kv, builder_table, says) in [
+            ("dlock_tabel=x", None, "dlock_tabel"),
+            ("dlock_mode=sideways", None, "sideways"),
+            ("dlock_table=one", Some("two"), "named twice"),
+        ] {
+            let mut bld = dlock::PostgresBackend::builder(&with(kv));
+            if let Some(t) = builder_table {
+                bld = bld.table(t);
+            }
+            match bld.connect().await {
+                Err(LockError::Config(m)) => assert!(m.contains(says), "{kv}: {m}"),
+                other => panic!("{kv}: expected a Config error, got {other:?}"),
+            }
+        }
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn thirty_two_contenders_no_deadlock_exact_counts() {
         super::thirty_two_contenders_no_deadlock_exact_counts(Env::postgres().await).await
@@ -2473,6 +2534,46 @@ mod on_postgres {
 mod on_mysql {
     use super::*;
     use dlock::mysql_async::{self, prelude::Queryable};
+
+    /// Issue 20: the library's MySQL URL takes the CLI's `?dlock_table=` (before, the driver
+    /// refused the unknown parameter); `dlock_mode=advisory` and a table named twice are
+    /// `Config` errors.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_url_names_the_table_as_the_cli_does() {
+        let url = common::sql::my_url();
+        let env = common::sql::DbEnv {
+            url: url.clone(),
+            table: common::sql::unique_table("urlparam"),
+        };
+        let table = env.table.clone();
+        let with = |kv: &str| common::sql::with_param(&url, kv);
+        let b =
+            dlock::MysqlBackend::connect(&with(&format!("dlock_table={table}&dlock_mode=table")))
+                .await
+                .expect("a URL with dlock_table connects");
+        assert_eq!(b.table(), table);
+        let g = Lock::new("url-param")
+            .with_backend(Arc::new(b))
+            .acquire()
+            .await
+            .unwrap();
+        assert!(env.my_is_locked("url-param").await, "the row is in {table}");
+        g.release().await.unwrap();
+        for (kv, builder_table, says) in [
+            ("dlock_mode=advisory", None, "advisory"),
+            ("dlock_table=one", Some("two"), "named twice"),
+            ("dlock_tabel=x", None, "dlock_tabel"),
+        ] {
+            let mut bld = dlock::MysqlBackend::builder(&with(kv));
+            if let Some(t) = builder_table {
+                bld = bld.table(t);
+            }
+            match bld.connect().await {
+                Err(LockError::Config(m)) => assert!(m.contains(says), "{kv}: {m}"),
+                other => panic!("{kv}: expected a Config error, got {other:?}"),
+            }
+        }
+    }
 
     /// A caller's pool on the test server whose connections run `setup` first (again after each
     /// reset, which the pool does when a connection comes back).

@@ -133,6 +133,12 @@ impl EtcdBackendBuilder {
         self
     }
 
+    /// Connects: the same as [`Self::build`], under the name every other engine's builder
+    /// uses (`PostgresBackend::builder(url)..connect()`, `RedisBackend::builder(url)..connect()`).
+    pub async fn connect(self) -> Result<EtcdBackend, LockError> {
+        self.build().await
+    }
+
     /// Connects (bounded by the connect timeout) and checks that the cluster answers.
     pub async fn build(self) -> Result<EtcdBackend, LockError> {
         if !self.prefix.starts_with('/') || self.prefix.len() < 2 {

@@ -286,6 +286,12 @@ impl ZookeeperBackendBuilder {
         }
     }
 
+    /// Connects: the same as [`Self::build`], under the name every other engine's builder
+    /// uses (`PostgresBackend::builder(url)..connect()`, `RedisBackend::builder(url)..connect()`).
+    pub async fn connect(self) -> Result<ZookeeperBackend, LockError> {
+        self.build().await
+    }
+
     /// Connects (bounded by the request timeout).
     pub async fn build(self) -> Result<ZookeeperBackend, LockError> {
         if !self.root.starts_with('/') || self.root.len() < 2 {

@@ -71,35 +71,14 @@ pub(crate) struct AdminUrl {
 /// Takes `dlock_table` and `dlock_mode` out of the URL's query; any other `dlock_` parameter is
 /// an error (a typo would otherwise reach the driver, or be silently ignored).
 pub(crate) fn split_admin_params(url: &str) -> Result<AdminUrl, AdminError> {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
-        None => (url, None),
-    };
-    let mut table = None;
-    let mut mode = None;
-    let mut kept = Vec::new();
-    for kv in query.into_iter().flat_map(|q| q.split('&')) {
-        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-        match k {
-            "dlock_table" => table = Some(v.to_string()),
-            "dlock_mode" => mode = Some(v.to_ascii_lowercase()),
-            k if k.starts_with("dlock_") => {
-                return Err(AdminError::unsupported(format!(
-                    "unknown URL parameter `{k}` (the admin knows dlock_table and dlock_mode)"
-                )));
-            }
-            "" => {}
-            _ => kept.push(kv),
-        }
-    }
-    let url = if kept.is_empty() {
-        base.to_string()
-    } else {
-        format!("{base}?{}", kept.join("&"))
-    };
-    let table = table.unwrap_or_else(|| DEFAULT_TABLE.to_string());
+    let p = super::split_dlock_params(url).map_err(AdminError::unsupported)?;
+    let table = p.table.unwrap_or_else(|| DEFAULT_TABLE.to_string());
     check_table(&table).map_err(|e| AdminError::unsupported(e.to_string()))?;
-    Ok(AdminUrl { url, table, mode })
+    Ok(AdminUrl {
+        url: p.url,
+        table,
+        mode: p.mode,
+    })
 }
 
 /// Messages with any occurrence of the URL's password replaced by `***` (the drivers do not

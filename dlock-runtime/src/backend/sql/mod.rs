@@ -24,6 +24,68 @@ pub(crate) mod postgres;
 /// The default lock table.
 pub(crate) const DEFAULT_TABLE: &str = "dlock_locks";
 
+/// A database URL with dlock's own query parameters taken out: `dlock_table=<table>` and
+/// `dlock_mode=table|advisory`. The library, the backends' builders and the CLI read the same
+/// URL, so one string names one lock table everywhere.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct DlockParams {
+    /// The URL for the driver, without the `dlock_` parameters.
+    pub(crate) url: String,
+    /// `dlock_table`, when given.
+    pub(crate) table: Option<String>,
+    /// `dlock_mode`, lower-cased, when given.
+    pub(crate) mode: Option<String>,
+}
+
+/// Splits `dlock_table` and `dlock_mode` out of `url`'s query. Any other `dlock_` parameter is an
+/// error naming the two it knows (a typo would otherwise reach the driver, which rejects it as
+/// "invalid connection string", or be ignored). Other parameters are kept in their order.
+pub(crate) fn split_dlock_params(url: &str) -> Result<DlockParams, String> {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut table = None;
+    let mut mode = None;
+    let mut kept = Vec::new();
+    for kv in query.into_iter().flat_map(|q| q.split('&')) {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        match k {
+            "dlock_table" => table = Some(v.to_string()),
+            "dlock_mode" => mode = Some(v.to_ascii_lowercase()),
+            k if k.starts_with("dlock_") => {
+                return Err(format!(
+                    "unknown URL parameter `{k}` (dlock knows dlock_table and dlock_mode)"
+                ));
+            }
+            "" => {}
+            _ => kept.push(kv),
+        }
+    }
+    let url = if kept.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", kept.join("&"))
+    };
+    Ok(DlockParams { url, table, mode })
+}
+
+/// The table a builder ends up with: the URL's `dlock_table` when the builder's `table(..)` was
+/// left at the default or names the same table; two different names are a `Config` error.
+pub(crate) fn table_from_url(
+    builder_table: &str,
+    url_table: Option<String>,
+) -> Result<String, LockError> {
+    match url_table {
+        None => Ok(builder_table.to_string()),
+        Some(t) if builder_table == DEFAULT_TABLE || builder_table == t => Ok(t),
+        Some(t) => Err(LockError::Config(format!(
+            "the lock table is named twice: `{builder_table}` by the builder's table(..) and \
+             `{t}` by the URL's dlock_table; keep one"
+        ))),
+    }
+}
+
 /// A call to the database that did not answer within the backend's operation timeout.
 #[derive(Debug)]
 pub(crate) struct SqlTimeout {

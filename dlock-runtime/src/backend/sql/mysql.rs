@@ -266,7 +266,24 @@ impl MysqlBackendBuilder {
     }
 
     /// Checks the settings, connects and creates the table when missing.
-    pub async fn connect(self) -> Result<MysqlBackend, LockError> {
+    ///
+    /// A URL may name the table as the CLI's does: `?dlock_table=<table>` (taken out before the
+    /// driver sees the URL; `dlock_mode=table` is accepted, the only MySQL mode).
+    pub async fn connect(mut self) -> Result<MysqlBackend, LockError> {
+        if let Some(url) = self.url.take() {
+            let p = super::split_dlock_params(&url)
+                .map_err(|e| LockError::Config(format!("MySQL URL: {e}")))?;
+            self.table = super::table_from_url(&self.table, p.table)?;
+            match p.mode.as_deref() {
+                None | Some("table") => {}
+                Some(m) => {
+                    return Err(LockError::Config(format!(
+                        "dlock_mode={m}: MySQL has one mode, `table`"
+                    )));
+                }
+            }
+            self.url = Some(p.url);
+        }
         check_table(&self.table)?;
         let mut tls = false;
         let (pools, url) = match self.pool.clone() {

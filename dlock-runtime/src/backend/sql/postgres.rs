@@ -1054,7 +1054,31 @@ impl PostgresBackendBuilder {
 
     /// Checks the settings, connects, and creates the table when missing (unless turned off),
     /// so a wrong address, password or table fails here.
-    pub async fn connect(self) -> Result<PostgresBackend, LockError> {
+    ///
+    /// A URL may name the table and the mode as the CLI's does: `?dlock_table=<table>` and
+    /// `?dlock_mode=table|advisory` (taken out before the driver sees the URL).
+    pub async fn connect(mut self) -> Result<PostgresBackend, LockError> {
+        if let Some(url) = self.url.take() {
+            let p = super::split_dlock_params(&url)
+                .map_err(|e| LockError::Config(format!("PostgreSQL URL: {e}")))?;
+            self.table = super::table_from_url(&self.table, p.table)?;
+            match p.mode.as_deref() {
+                None | Some("table") if !self.advisory => {}
+                None | Some("advisory") => self.advisory = true,
+                Some("table") => {
+                    return Err(LockError::Config(
+                        "the URL's dlock_mode=table and the builder's advisory(true) disagree; keep one"
+                            .into(),
+                    ));
+                }
+                Some(m) => {
+                    return Err(LockError::Config(format!(
+                        "dlock_mode={m}: PostgreSQL modes are `table` and `advisory`"
+                    )));
+                }
+            }
+            self.url = Some(p.url);
+        }
         check_table(&self.table)?;
         let sql = Sql::new(&self.table, self.synchronous_commit)?;
         let connector = match (&self.url, &self.listen_config) {
