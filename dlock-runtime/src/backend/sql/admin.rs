@@ -265,6 +265,7 @@ fn listing(rows: &[TableRow], details: impl Fn() -> Vec<(String, String)>) -> Li
 // ---------------------------------------------------------------------------------------------
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::{PgMode, PostgresAdmin};
 
 #[cfg(feature = "postgres")]
@@ -927,6 +928,7 @@ mod pg {
 // ---------------------------------------------------------------------------------------------
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use my::MysqlAdmin;
 
 #[cfg(feature = "mysql")]
