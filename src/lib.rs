@@ -35,7 +35,7 @@
 //! )]
 //! async fn pay(order_id: u64) -> Result<(), LockError> {
 //!     // Runs under the lock. Send the fencing token with every write, so that the resource
-//!     // can refuse a holder that lost its lease (see "What a lease lock can promise").
+//!     // can refuse a holder that lost its lease (see the guarantees below).
 //!     let token = dlock::fencing_token().expect("inside a locked body");
 //!     println!("paying order {order_id} under fencing token {token}");
 //!     Ok(())

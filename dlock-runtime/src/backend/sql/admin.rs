@@ -283,6 +283,7 @@ mod pg {
     /// Which kind of PostgreSQL backend the admin looks at.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     #[non_exhaustive]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub enum PgMode {
         /// The lock table (`PostgresBackend`'s default).
         #[default]
@@ -294,6 +295,7 @@ mod pg {
     /// The operator's view of a PostgreSQL lock table, or of advisory-lock mode (see the module
     /// docs of `dlock::admin` and this type's constructors for what each mode can show).
     #[derive(Clone)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub struct PostgresAdmin {
         inner: Arc<Inner>,
     }
@@ -942,6 +944,7 @@ mod my {
 
     /// The operator's view of a MySQL / MariaDB lock table.
     #[derive(Clone)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub struct MysqlAdmin {
         inner: Arc<Inner>,
     }
