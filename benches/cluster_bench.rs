@@ -22,10 +22,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::{
-    Acquired, Backend, BoxFuture, ClusterBackend, Extended, Lock, LockError, RedisBackend,
-    Released, Watch,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, ClusterBackend, Lock, LockError, RedisBackend};
 use redis_server::Server;
 
 const W2_TASKS: usize = 64;

@@ -60,7 +60,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use dlock::{Acquired, Backend, BoxFuture, Extended, Lock, LockError, Released, Watch};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError};
 
 const PROCS: usize = 4;
 const PER_PROC: usize = 4;

@@ -200,7 +200,12 @@ async fn load_scripts(con: &mut ConnectionManager) -> Shas {
 
 /// The same two round trips dlock makes for one pair, with no client logic around them: the
 /// acquire script on a free key, then the release script, by raw EVALSHA.
-async fn raw_pair(con: &mut ConnectionManager, sha: &Shas, keys: &dlock::RedisKeys, owner: &str) {
+async fn raw_pair(
+    con: &mut ConnectionManager,
+    sha: &Shas,
+    keys: &dlock::backend::RedisKeys,
+    owner: &str,
+) {
     // A first acquisition answers its token as a bulk string (see acquire.lua's header).
     let r: redis::Value = redis::cmd("EVALSHA")
         .arg(&sha.acquire)
@@ -375,7 +380,7 @@ fn w1(url: &str, scale: f64, rounds: usize, t: &mut Table) {
         let sha = load_scripts(&mut con).await;
         let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(url).await.unwrap());
         let mgr = rslock::LockManager::new(vec![url]);
-        let keys = dlock::redis_keys("bench:w1:raw");
+        let keys = dlock::backend::redis_keys("bench:w1:raw");
         // Warm-up: connections, script caches, allocator.
         for _ in 0..200 {
             raw_pair(&mut con, &sha, &keys, RAW_OWNER).await;
@@ -465,7 +470,7 @@ fn w1_only(url: &str, only: &str, pairs: usize) {
     rt.block_on(async {
         let mut con = manager(url).await;
         let sha = load_scripts(&mut con).await;
-        let keys = dlock::redis_keys("bench:w1:raw");
+        let keys = dlock::backend::redis_keys("bench:w1:raw");
         let backend: Arc<dyn Backend> = Arc::new(RedisBackend::connect(url).await.unwrap());
         let mgr = rslock::LockManager::new(vec![url]);
         for i in 0..200 + pairs {
@@ -502,7 +507,7 @@ enum Client {
 }
 
 impl Client {
-    async fn pair(&mut self, name: &str, keys: &dlock::RedisKeys) {
+    async fn pair(&mut self, name: &str, keys: &dlock::backend::RedisKeys) {
         match self {
             Client::Raw(con, sha) => raw_pair(con, sha, keys, RAW_OWNER).await,
             Client::Dlock(b) => dlock_pair(b, name).await,
@@ -517,7 +522,7 @@ async fn w2_round(client: &Client, tag: &str, per_task: usize) -> f64 {
     for i in 0..W2_TASKS {
         let mut c = client.clone();
         let name = format!("bench:w2:{tag}:{i:02}");
-        let keys = dlock::redis_keys(&name);
+        let keys = dlock::backend::redis_keys(&name);
         tasks.push(tokio::spawn(async move {
             for _ in 0..per_task {
                 c.pair(&name, &keys).await;
@@ -781,7 +786,7 @@ async fn futures_join(tasks: Vec<tokio::task::JoinHandle<()>>) {
 
 /// p50 and p99 of one EVALSHA round trip (the acquire script on a busy key: no writes).
 async fn rtt(con: &mut ConnectionManager, sha: &Shas, n: usize) -> (Duration, Duration) {
-    let keys = dlock::redis_keys("bench:rtt");
+    let keys = dlock::backend::redis_keys("bench:rtt");
     let _: redis::Value = redis::cmd("EVALSHA")
         .arg(&sha.acquire)
         .arg(2)

@@ -29,7 +29,10 @@ async fn pairs(b: &dyn Backend, tag: &str, pairs: usize) -> Vec<Duration> {
             .try_acquire(&key, "bench-owner", ttl)
             .await
             .expect("acquire");
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         b.release(&key, "bench-owner", None, true)
             .await
             .expect("release");
@@ -53,7 +56,10 @@ async fn parallel_pairs(nodes: &[RedisBackend], tag: &str, pairs: usize) -> Vec<
         )
         .await
         {
-            assert!(matches!(r, Ok(dlock::Acquired::Granted { .. })), "{r:?}");
+            assert!(
+                matches!(r, Ok(dlock::backend::Acquired::Granted { .. })),
+                "{r:?}"
+            );
         }
         for r in futures_util::future::join_all(
             nodes

@@ -48,9 +48,12 @@ async fn lock_pairs(b: &dyn Backend, n: usize) -> Duration {
     let t = Instant::now();
     for _ in 0..n {
         let r = b.try_acquire("bench", "owner-1", TTL).await.unwrap();
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         let r = b.release("bench", "owner-1", None, true).await.unwrap();
-        assert_eq!(r, dlock::Released::Freed);
+        assert_eq!(r, dlock::backend::Released::Freed);
     }
     t.elapsed()
 }
@@ -94,7 +97,7 @@ impl Backend for Counting {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Acquired, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Acquired, dlock::LockError>> {
         self.tries
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.try_acquire(name, owner, ttl)
@@ -105,7 +108,7 @@ impl Backend for Counting {
         owner: &'a str,
         keep_for: Option<Duration>,
         all: bool,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Released, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, dlock::LockError>> {
         self.inner.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -113,13 +116,13 @@ impl Backend for Counting {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, dlock::LockError>> {
         self.inner.extend(name, owner, ttl)
     }
     fn watch<'a>(
         &'a self,
         name: &'a str,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Watch, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, dlock::LockError>> {
         self.inner.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {

@@ -152,9 +152,12 @@ async fn lock_pairs(b: &dyn Backend, n: usize) -> Duration {
     let t = Instant::now();
     for _ in 0..n {
         let r = b.try_acquire("bench", "owner-1", TTL).await.unwrap();
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         let r = b.release("bench", "owner-1", None, true).await.unwrap();
-        assert_eq!(r, dlock::Released::Freed);
+        assert_eq!(r, dlock::backend::Released::Freed);
     }
     t.elapsed()
 }

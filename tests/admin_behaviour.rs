@@ -432,7 +432,7 @@ async fn redis_foreign_keys_are_skipped_not_shown() {
     let env = Env::redis().await;
     let mut con = env.server().admin_async().await;
     let _: () = redis::cmd("SET")
-        .arg(dlock::redis_keys("str").lock)
+        .arg(dlock::backend::redis_keys("str").lock)
         .arg("x")
         .query_async(&mut con)
         .await
@@ -455,7 +455,7 @@ async fn redis_foreign_keys_are_skipped_not_shown() {
         .expect_err("wrong type");
     assert_eq!(e.kind, dlock::admin::AdminErrorKind::Server);
     let v: String = redis::cmd("GET")
-        .arg(dlock::redis_keys("str").lock)
+        .arg(dlock::backend::redis_keys("str").lock)
         .query_async(&mut con)
         .await
         .unwrap();

@@ -10,10 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, Lock, LockError, MemoryBackend, Released, Watch,
-    distributed_lock,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError, MemoryBackend, distributed_lock};
 use tokio::sync::Notify;
 use tokio::time::Instant;
 

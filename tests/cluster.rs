@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use common::cluster::ClusterSet;
-use dlock::{Acquired, Backend, ClusterBackend, Lock, LockError};
+use dlock::backend::Acquired;
+use dlock::{Backend, ClusterBackend, Lock, LockError};
 
 async fn cluster() -> Arc<ClusterSet> {
     Arc::new(
@@ -30,7 +31,7 @@ fn spread_names(set: &ClusterSet, n: usize) -> Vec<String> {
     let names: Vec<String> = (0..n).map(|i| format!("slots:{i}")).collect();
     let masters: HashSet<usize> = names
         .iter()
-        .map(|n| set.master_of_slot(ClusterSet::slot_of(&dlock::redis_keys(n).lock)))
+        .map(|n| set.master_of_slot(ClusterSet::slot_of(&dlock::backend::redis_keys(n).lock)))
         .collect();
     assert_eq!(masters.len(), 3, "the names do not cover every master");
     names
@@ -45,7 +46,7 @@ async fn exclusion_over_keys_in_many_slots() {
     let names = spread_names(&set, 12);
     let slots: HashSet<u16> = names
         .iter()
-        .map(|n| ClusterSet::slot_of(&dlock::redis_keys(n).lock))
+        .map(|n| ClusterSet::slot_of(&dlock::backend::redis_keys(n).lock))
         .collect();
     assert_eq!(slots.len(), names.len(), "every name in its own slot");
     let clients = [backend(&set).await, backend(&set).await];
@@ -157,7 +158,7 @@ async fn waiter_is_woken_by_the_release_on_its_shard() {
 async fn resharding_a_held_and_waited_on_slot() {
     let set = cluster().await;
     let name = "reshard:me";
-    let lock_key = dlock::redis_keys(name).lock;
+    let lock_key = dlock::backend::redis_keys(name).lock;
     let slot = ClusterSet::slot_of(&lock_key);
     let from = set.master_of_slot(slot);
     let to = (0..3).find(|&m| m != from).expect("another master");
@@ -264,7 +265,7 @@ async fn resharding_a_held_and_waited_on_slot() {
 async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
     let set = cluster().await;
     let name = "failover:me";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let slot = ClusterSet::slot_of(&keys.lock);
     let master = set.master_of_slot(slot);
     let replica = set.replica_of(master);
@@ -335,7 +336,7 @@ async fn master_failover_keeps_the_grant_and_a_lost_grant_fires_lost() {
 async fn master_killed_before_replication_loses_the_grant_and_lost_fires() {
     let set = cluster().await;
     let name = "failover:killed";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let slot = ClusterSet::slot_of(&keys.lock);
     let master = set.master_of_slot(slot);
     let replica = set.replica_of(master);
@@ -447,7 +448,7 @@ fn signal(set: &ClusterSet, i: usize, sig: libc::c_int) {
 async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() {
     let set = cluster().await;
     let name = "minrep:one";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
     let replica = set.replica_of(master);
     let b: Arc<dyn Backend> = Arc::new(
@@ -502,7 +503,7 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
 async fn an_inner_release_whose_connection_drops_is_not_run_twice() {
     let set = cluster().await;
     let name = "resend:inner";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
     let b = backend(&set).await;
     let other = backend(&set).await;
@@ -594,7 +595,7 @@ async fn an_inner_release_whose_connection_drops_is_not_run_twice() {
     let freed = common::eventually(Duration::from_secs(5), || async {
         matches!(
             b.release(name, outer.owner(), None, true).await,
-            Ok(dlock::Released::Freed)
+            Ok(dlock::backend::Released::Freed)
         )
     })
     .await;
@@ -608,7 +609,7 @@ async fn an_inner_release_whose_connection_drops_is_not_run_twice() {
 async fn a_release_lost_with_its_connection_is_retried() {
     let set = cluster().await;
     let name = "lost-release";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
     let b = backend(&set).await;
     let other = backend(&set).await;
@@ -737,7 +738,7 @@ async fn a_transient_refusal_of_ssubscribe_is_retried_with_back_off() {
     let (a, b) = (backend(&set).await, backend(&set).await);
     tokio::task::block_in_place(|| acl_default(&set, "resetchannels"));
     // The fault holds: SSUBSCRIBE of the name's channel is refused on its master.
-    let keys = dlock::redis_keys("refused:1");
+    let keys = dlock::backend::redis_keys("refused:1");
     let master = set.master_of_slot(ClusterSet::slot_of(&keys.lock));
     let r: redis::RedisResult<redis::Value> = redis::cmd("SSUBSCRIBE")
         .arg(&keys.channel)

@@ -124,7 +124,8 @@ fn spread_names(set: &ClusterSet, n: usize) -> Vec<(String, usize)> {
     let names: Vec<(String, usize)> = (0..n)
         .map(|i| {
             let name = format!("tls-slots:{i}");
-            let m = set.master_of_slot(ClusterSet::slot_of(&dlock::redis_keys(&name).lock));
+            let m =
+                set.master_of_slot(ClusterSet::slot_of(&dlock::backend::redis_keys(&name).lock));
             (name, m)
         })
         .collect();
@@ -165,7 +166,7 @@ async fn rediss_seeds_with_the_right_ca_lock_on_every_master_and_hand_off_over_t
         .unwrap_or_else(|e| panic!("acquire {name} over TLS: {e}"));
         assert!(g.fencing_token() > 0);
         let held: i64 = redis::cmd("EXISTS")
-            .arg(dlock::redis_keys(name).lock)
+            .arg(dlock::backend::redis_keys(name).lock)
             .query(&mut set.nodes[*m].admin())
             .expect("EXISTS");
         assert_eq!(held, 1, "{name}: the lock key is not on its master {m}");

@@ -6,10 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, LockError, Released, WaitQueues, Watch,
-    distributed_lock,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, WaitQueues, Watch};
+use dlock::{Backend, LockError, distributed_lock};
 
 /// A deliberately small store: one map, owner-checked, re-entrant, with tokens and wake-ups.
 #[derive(Debug)]

@@ -1220,7 +1220,10 @@ fn a_release_cut_off_by_its_runtime_shutting_down_still_deletes_the_key() {
                 .try_acquire(&name, &owner, Duration::from_secs(10))
                 .await
                 .unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
+                "{r:?}"
+            );
         });
         let (bb, n, o) = (b.clone(), name.clone(), owner.clone());
         std::thread::spawn(move || {

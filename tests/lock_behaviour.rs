@@ -9,7 +9,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{Env, Kind, Rng, section_pause};
-use dlock::{Extended, Lock, LockError, LostReason};
+use dlock::backend::Extended;
+use dlock::{Lock, LockError, LostReason};
 
 both_backends!(
     mutual_exclusion_32_tasks_two_clients_exact_count_single_occupancy,
@@ -287,7 +288,7 @@ async fn lock_hash(env: &Env, name: &str) -> Vec<(String, String)> {
     }
     let mut con = env.server().admin_async().await;
     let mut v: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg(dlock::redis_keys(name).lock)
+        .arg(dlock::backend::redis_keys(name).lock)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -599,7 +600,7 @@ async fn lua_shaped_names_work_and_touch_no_other_keys(env: Env) {
         assert!(e.is_contended(), "{name:?}: {e:?}");
         if let Some(a) = admin.as_mut() {
             let exists: i64 = redis::cmd("EXISTS")
-                .arg(dlock::redis_keys(name).lock)
+                .arg(dlock::backend::redis_keys(name).lock)
                 .query(a)
                 .unwrap();
             assert_eq!(exists, 1, "lock key of {name:?}");

@@ -4,7 +4,7 @@
 //! `char`, 1–1,024 bytes, plus near-miss pairs (one name and the same name with one tricky
 //! character inserted), which is where an escaping rule breaks. Asserted:
 //!
-//! * `dlock::redis_keys` is injective and the lock, fence and channel keys of all names are
+//! * `dlock::backend::redis_keys` is injective and the lock, fence and channel keys of all names are
 //!   pairwise disjoint. Shown two ways: a strict parser in this file maps every key back to
 //!   exactly one (role, name), so no two (role, name) pairs can share a key; and the six keys of
 //!   each generated pair are compared directly.
@@ -112,7 +112,7 @@ fn parse_key(key: &str) -> Option<(Role, String)> {
 }
 
 fn keys_of(name: &str) -> [(Role, String); 3] {
-    let k = dlock::redis_keys(name);
+    let k = dlock::backend::redis_keys(name);
     [
         (Role::Lock, k.lock),
         (Role::Fence, k.fence),
@@ -246,7 +246,7 @@ proptest! {
         }
         if a != b {
             prop_assert!(
-                dlock::redis_keys(&a).lock != dlock::redis_keys(&b).lock,
+                dlock::backend::redis_keys(&a).lock != dlock::backend::redis_keys(&b).lock,
                 "{:?} and {:?} share a lock key", a, b
             );
         }
@@ -264,7 +264,7 @@ fn the_check_catches_naive_concatenation() {
     assert_eq!(hash_tag(naive_tagged.as_bytes()), b"a");
     // The real rule keeps the whole (escaped) name as the tag.
     assert_eq!(
-        hash_tag(dlock::redis_keys("a}b").lock.as_bytes()),
+        hash_tag(dlock::backend::redis_keys("a}b").lock.as_bytes()),
         b"a\\)b".as_slice()
     );
 }

@@ -38,7 +38,7 @@ async fn server(name: &str) -> RedisProc {
 
 /// The Redis lock hash of a lock name.
 fn lock_key(name: &str) -> String {
-    dlock::redis_keys(name).lock
+    dlock::backend::redis_keys(name).lock
 }
 
 async fn exists(con: &mut MultiplexedConnection, name: &str) -> bool {
@@ -1059,7 +1059,7 @@ const FENCE_B: &str = "mr_fence";
 #[distributed_lock(key = "fenced:{id}", backend = "mr_fence")]
 async fn fenced(id: u32, mut con: MultiplexedConnection) -> Result<u64, LockError> {
     let token = dlock::fencing_token().expect("inside the lock");
-    let keys = dlock::redis_keys(&format!("fenced:{id}"));
+    let keys = dlock::backend::redis_keys(&format!("fenced:{id}"));
     let stored: String = redis::cmd("GET")
         .arg(&keys.fence)
         .query_async(&mut con)

@@ -171,7 +171,7 @@ async fn a_certificate_for_another_name_is_a_typed_error() {
     assert!(t.elapsed() < Duration::from_secs(15), "{:?}", t.elapsed());
     // The driver's `verify_identity=false` is meant to skip the name check; it matches an error
     // text this rustls no longer produces, so the check stays on (fails closed). Pinned here so
-    // that a driver or rustls update that changes it is noticed (and the README updated).
+    // that a driver or rustls update that changes it is noticed (and docs/mysql.md updated).
     let r = MysqlBackend::builder(&format!(
         "{}?require_ssl=true&verify_identity=false",
         srv.url()

@@ -157,7 +157,7 @@ async fn sigkilled_holder_process_lock_frees_after_its_ttl_not_before() {
         let killed = Instant::now();
         let mut admin = server.admin_async().await;
         let pttl: i64 = redis::cmd("PTTL")
-            .arg(dlock::redis_keys("crash").lock)
+            .arg(dlock::backend::redis_keys("crash").lock)
             .query_async(&mut admin)
             .await
             .unwrap();
@@ -364,7 +364,7 @@ async fn calls_load_their_script_again_after_the_cache_is_flushed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_follows_the_fence_when_it_is_ahead_of_the_server_clock() {
     let env = Env::redis().await;
-    let keys = dlock::redis_keys("ahead");
+    let keys = dlock::backend::redis_keys("ahead");
     let ahead: u64 = 9_000_000_000_000_000; // far beyond TIME in µs
     let mut admin = env.server().admin_async().await;
     let _: () = redis::cmd("SET")

@@ -29,10 +29,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use common::{RedisProc, Rng, TempDir, capture, child_say, run_child, spawn_self};
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, Lock, LockError, LostReason, RedisBackend, Released,
-    Watch,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError, LostReason, RedisBackend};
 
 const CHILD_ENTRY: &str = "child_process_entry";
 
@@ -59,8 +57,11 @@ async fn query<T: redis::FromRedisValue>(
 
 /// Owner -> hold count of a lock hash (fields starting with `:` are bookkeeping).
 async fn holds(con: &mut redis::aio::MultiplexedConnection, name: &str) -> BTreeMap<String, i64> {
-    let all: BTreeMap<String, String> =
-        query(con, redis::cmd("HGETALL").arg(dlock::redis_keys(name).lock)).await;
+    let all: BTreeMap<String, String> = query(
+        con,
+        redis::cmd("HGETALL").arg(dlock::backend::redis_keys(name).lock),
+    )
+    .await;
     all.into_iter()
         .filter(|(k, _)| !k.starts_with(':'))
         .map(|(k, v)| (k, v.parse().unwrap_or(i64::MAX)))
@@ -152,7 +153,7 @@ async fn b3_holder_sigstopped_for_less_than_half_the_ttl_is_never_falsely_lost()
         .unwrap_or_else(|| panic!("child said {line:?}"))
         .to_string();
     let mut con = server.admin_async().await;
-    let key = dlock::redis_keys("b3").lock;
+    let key = dlock::backend::redis_keys("b3").lock;
     let mut renewed_after = Vec::new();
     for cycle in 0..CYCLES {
         tokio::time::sleep(Duration::from_millis(400)).await;
@@ -391,7 +392,7 @@ async fn c6_rounds(waits: &[Duration]) -> (Vec<String>, Vec<String>) {
             .await;
         let left: i64 = query(
             &mut con,
-            redis::cmd("EXISTS").arg(dlock::redis_keys(&name).lock),
+            redis::cmd("EXISTS").arg(dlock::backend::redis_keys(&name).lock),
         )
         .await;
         assert_eq!(
@@ -645,7 +646,7 @@ fn c8_evicting_policy_warns_and_an_evicted_lock_is_lost() {
                 .arg(used + 2 * 1024 * 1024),
         )
         .await;
-        let lock_key = dlock::redis_keys("c8").lock;
+        let lock_key = dlock::backend::redis_keys("c8").lock;
         let junk = vec![b'j'; 256 * 1024];
         let t0 = Instant::now();
         let mut writes = 0u64;

@@ -329,7 +329,7 @@ async fn unknown_outcome_grant_is_given_back_after_the_heal() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let lock_key = dlock::redis_keys("ghost").lock;
+    let lock_key = dlock::backend::redis_keys("ghost").lock;
     let granted = Instant::now();
     loop {
         let held: bool = redis::cmd("EXISTS")
@@ -555,7 +555,7 @@ async fn a_give_back_never_overtakes_its_try_delivered_late_after_a_heal() {
         .release()
         .await
         .unwrap();
-    let fence = dlock::redis_keys("late-try").fence;
+    let fence = dlock::backend::redis_keys("late-try").fence;
     let mut raw = redis::Client::open(n.server.url())
         .unwrap()
         .get_multiplexed_async_connection()

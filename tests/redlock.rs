@@ -10,7 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::redlock::{connect_now, nodes_with_lock, start_nodes, urls, wait_uptime};
 use common::{RedisProc, Rng, TempDir, child_mode, child_say, spawn_self};
-use dlock::{Acquired, Backend, Lock, LockError, RedisBackend, RedlockBackend};
+use dlock::backend::Acquired;
+use dlock::{Backend, Lock, LockError, RedisBackend, RedlockBackend};
 
 async fn nodes(n: usize) -> Vec<RedisProc> {
     common::debug_events_in_test_output();
@@ -54,7 +55,7 @@ async fn every_quorum_subset_is_busy_every_minority_is_not(n: usize) {
             assert_eq!(left, locked, "{n} nodes, foreign on {locked:?}");
             for (_, mut con) in common::redlock::admins(&servers).await {
                 let mine: Option<String> = redis::cmd("HGET")
-                    .arg(dlock::redis_keys(&name).lock)
+                    .arg(dlock::backend::redis_keys(&name).lock)
                     .arg("me")
                     .query_async(&mut con)
                     .await
@@ -273,7 +274,7 @@ async fn a_restarted_node_is_not_counted_until_the_restart_delay_passed() {
     // Node 2 loses the hold (as if it had missed it), node 1 restarts without persistence.
     let mut con = servers[2].admin_async().await;
     let _: i64 = redis::cmd("DEL")
-        .arg(dlock::redis_keys(name).lock)
+        .arg(dlock::backend::redis_keys(name).lock)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -327,7 +328,7 @@ async fn run_id_is_read_once_per_connection_and_a_restart_is_still_seen() {
             assert!(matches!(r, Ok(Acquired::Granted { .. })), "{r:?}");
             assert!(matches!(
                 rl.extend(&name, "owner", ttl).await,
-                Ok(dlock::Extended::Extended)
+                Ok(dlock::backend::Extended::Extended)
             ));
             rl.release(&name, "owner", None, true).await.unwrap();
         }
@@ -404,7 +405,7 @@ async fn the_next_renewal_puts_the_hold_back_on_a_restarted_node() {
     assert!(back, "the hold was not put back on the restarted node");
     let mut con = servers[0].admin_async().await;
     let owners: Vec<String> = redis::cmd("HKEYS")
-        .arg(dlock::redis_keys(name).lock)
+        .arg(dlock::backend::redis_keys(name).lock)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -466,7 +467,7 @@ async fn a_release_does_not_overtake_a_slow_nodes_acquire() {
             .unwrap();
         g.release().await.unwrap();
         tokio::task::block_in_place(|| servers[slow].resume());
-        let key = dlock::redis_keys("overtake").lock;
+        let key = dlock::backend::redis_keys("overtake").lock;
         let mut admin = servers[slow].admin();
         let gone = common::eventually(Duration::from_secs(3), || {
             let n: i64 = redis::cmd("EXISTS").arg(&key).query(&mut admin).unwrap();
@@ -668,7 +669,7 @@ async fn a_redlock_give_back_never_overtakes_its_tries_delivered_late_after_a_he
         .release()
         .await
         .unwrap();
-    let fence = dlock::redis_keys("rl-late").fence;
+    let fence = dlock::backend::redis_keys("rl-late").fence;
     for s in &servers {
         let _: () = redis::cmd("DEL").arg(&fence).query(&mut s.admin()).unwrap();
     }
@@ -720,7 +721,7 @@ async fn a_release_does_not_overtake_the_renewals_put_back() {
     let mut servers = nodes(3).await;
     let rl: Arc<dyn Backend> = Arc::new(connect_now(urls(&servers)).await);
     let name = "put-back-overtake";
-    let lock_key = dlock::redis_keys(name).lock;
+    let lock_key = dlock::backend::redis_keys(name).lock;
     for round in 0..3 {
         let g = Lock::new(name)
             .with_backend(rl.clone())
@@ -760,7 +761,7 @@ async fn a_fresh_owner_meeting_its_own_leftover_still_cleans_up_every_node() {
     let rl = connect_now(urls(&servers)).await;
     let name = "leftover";
     let owner = "fresh-owner";
-    let lock_key = dlock::redis_keys(name).lock;
+    let lock_key = dlock::backend::redis_keys(name).lock;
     // Node 0: this owner's leftover from an earlier try whose clean-up has not landed.
     let _: () = redis::pipe()
         .cmd("HSET")
@@ -1011,7 +1012,7 @@ async fn a_fresh_client_does_not_count_a_node_restarted_before_it_connected() {
     // persistence (the hold is gone there too), then a new process P2 connects.
     let mut con = servers[2].admin_async().await;
     let _: i64 = redis::cmd("DEL")
-        .arg(dlock::redis_keys(name).lock)
+        .arg(dlock::backend::redis_keys(name).lock)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -1149,7 +1150,7 @@ fn calls_outside_a_tokio_runtime_are_a_config_error_not_a_panic() {
 /// 150 ms apart, each round either one or two nodes paused, or one restarted (its fence is gone)
 /// and one paused. The clients' restart delay (1 s) is longer than the clock spread (600 ms), so
 /// by the time a restarted node counts again its own clock is past every token granted before
-/// its restart (README, Redlock, fencing token).
+/// its restart (docs/redlock.md, fencing token).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_increase_under_random_pauses_and_restarts_of_five_skewed_nodes() {
     common::debug_events_in_test_output();
@@ -1197,7 +1198,7 @@ impl Backend for CountTries {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<Acquired, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<Acquired, LockError>> {
         self.tries
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.inner.try_acquire(name, owner, ttl)
@@ -1208,7 +1209,7 @@ impl Backend for CountTries {
         owner: &'a str,
         keep_for: Option<Duration>,
         all: bool,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Released, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, LockError>> {
         self.inner.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -1216,10 +1217,13 @@ impl Backend for CountTries {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, LockError>> {
         self.inner.extend(name, owner, ttl)
     }
-    fn watch<'a>(&'a self, name: &'a str) -> dlock::BoxFuture<'a, Result<dlock::Watch, LockError>> {
+    fn watch<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, LockError>> {
         self.inner.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {

@@ -7,9 +7,8 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, Lock, LockError, MemoryBackend, Released, Watch,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError, MemoryBackend};
 use tokio::time::Instant;
 
 type ExtendHook = Box<

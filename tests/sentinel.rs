@@ -157,7 +157,7 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
     assert!(took < Duration::from_secs(3), "took {took:?}");
     let mut con = set.master.as_ref().unwrap().admin_async().await;
     let n: i64 = redis::cmd("EXISTS")
-        .arg(dlock::redis_keys("wait-fail").lock)
+        .arg(dlock::backend::redis_keys("wait-fail").lock)
         .query_async(&mut con)
         .await
         .unwrap();
@@ -264,7 +264,7 @@ async fn min_replicas_waits_on_the_connection_that_wrote_the_grant() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let mut admin = set.master.as_ref().unwrap().admin_async().await;
     let deleted: i64 = redis::cmd("DEL")
-        .arg(dlock::redis_keys("wait-y").lock)
+        .arg(dlock::backend::redis_keys("wait-y").lock)
         .query_async(&mut admin)
         .await
         .unwrap();
@@ -508,7 +508,7 @@ async fn a_thousand_timed_out_waits_leave_no_subscription_task_or_waiter() {
     .await;
     assert!(
         held.iter()
-            .all(|r| matches!(r, Ok(dlock::Acquired::Granted { .. })))
+            .all(|r| matches!(r, Ok(dlock::backend::Acquired::Granted { .. })))
     );
     let waits = |names: &[String]| {
         let b = b.clone();

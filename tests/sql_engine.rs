@@ -118,7 +118,7 @@ async fn a_renewal_after_release_does_not_re_hold_the_lock(
     a: Arc<dyn Backend>,
     b: Arc<dyn Backend>,
 ) {
-    use dlock::{Acquired, Extended};
+    use dlock::backend::{Acquired, Extended};
     let ttl = Duration::from_secs(30);
     let name = "renewed-after-release";
     assert!(matches!(
@@ -224,7 +224,7 @@ async fn a_release_whose_answer_is_lost_is_resent_and_never_not_owner(
     proxy: &common::proxy::Proxy,
 ) {
     use common::proxy::Mode;
-    use dlock::{Acquired, Released};
+    use dlock::backend::{Acquired, Released};
     let other = env.another_backend().await;
     let ttl = Duration::from_secs(30);
     let name = "release-lost";
@@ -1213,10 +1213,13 @@ mod on_postgres {
             let ttl = Duration::from_secs(30);
             for name in ["sc-new", "sc-new"] {
                 let r = b.try_acquire(name, "o", ttl).await.unwrap();
-                assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+                assert!(
+                    matches!(r, dlock::backend::Acquired::Granted { .. }),
+                    "{r:?}"
+                );
                 assert_eq!(
                     b.extend(name, "o", ttl).await.unwrap(),
-                    dlock::Extended::Extended
+                    dlock::backend::Extended::Extended
                 );
                 b.release(name, "o", None, false).await.unwrap();
             }
@@ -1264,7 +1267,10 @@ mod on_postgres {
                 .try_acquire(&name, "old", Duration::from_millis(50))
                 .await
                 .unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
+                "{r:?}"
+            );
             tokio::time::sleep(Duration::from_millis(100)).await;
             let tx = admin.transaction().await.unwrap();
             let n = tx
@@ -1287,7 +1293,7 @@ mod on_postgres {
             tx.commit().await.unwrap();
             let r = contender.await.unwrap().unwrap();
             match r {
-                dlock::Acquired::Busy { remaining } => assert!(
+                dlock::backend::Acquired::Busy { remaining } => assert!(
                     remaining.is_none_or(|r| r > Duration::from_secs(20)),
                     "functions {functions}: busy with remaining {remaining:?}"
                 ),
@@ -2048,7 +2054,7 @@ mod on_postgres {
     /// name is free.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_advisory_release_sent_again_is_answered_freed() {
-        use dlock::{Acquired, Released};
+        use dlock::backend::{Acquired, Released};
         let env = Env::postgres().await;
         let name = format!("adv-again-{}", env.db().table);
         let (a, b) = (advisory_backend(&env).await, advisory_backend(&env).await);
@@ -2595,7 +2601,10 @@ mod on_mysql {
         let ttl = Duration::from_secs(60);
         for n in &names {
             let r = holder.try_acquire(n, "holder", ttl).await.unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
+                "{r:?}"
+            );
         }
         let b: Arc<dyn Backend> = Arc::new(w.clone());
         let t = Instant::now();
@@ -2677,24 +2686,27 @@ mod on_mysql {
                 assert!(mode.contains("SIMULTANEOUS_ASSIGNMENT"), "{mode}");
             }
             let r = b.try_acquire("simul", "first", ttl).await.unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
+                "{r:?}"
+            );
             // Re-entered, then released twice: the first release only decrements.
             let r = b.try_acquire("simul", "first", ttl).await.unwrap();
             assert!(
-                matches!(r, dlock::Acquired::Granted { count: 2, .. }),
+                matches!(r, dlock::backend::Acquired::Granted { count: 2, .. }),
                 "{r:?}"
             );
             let r = b.release("simul", "first", None, false).await.unwrap();
-            assert_eq!(r, dlock::Released::Decremented(1));
+            assert_eq!(r, dlock::backend::Released::Decremented(1));
             let r = b.release("simul", "first", None, false).await.unwrap();
-            assert_eq!(r, dlock::Released::Freed);
+            assert_eq!(r, dlock::backend::Released::Freed);
             let r = b.try_acquire("simul", "second", ttl).await.unwrap();
             assert!(
-                matches!(r, dlock::Acquired::Granted { .. }),
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
                 "round {round}: the next owner right after the release: {r:?}"
             );
             let r = b.release("simul", "second", None, false).await.unwrap();
-            assert_eq!(r, dlock::Released::Freed);
+            assert_eq!(r, dlock::backend::Released::Freed);
         }
         drop(b);
         let _ = pool.disconnect().await;
@@ -2732,12 +2744,18 @@ mod on_mysql {
         let ttl = Duration::from_secs(30);
         // "a-live" sorts before the expired row "m-expired", which sorts before the rest.
         let r = b.try_acquire("a-live", "holder", ttl).await.unwrap();
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         let r = b
             .try_acquire("m-expired", "gone", Duration::from_millis(100))
             .await
             .unwrap();
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(200)).await;
         let mut admin = common::sql::my_admin(&url).await;
         admin.query_drop("BEGIN").await.unwrap();
@@ -2755,7 +2773,10 @@ mod on_mysql {
         for i in 0..256 {
             let name = format!("z-{i}");
             let r = b.try_acquire(&name, "o", ttl).await.unwrap();
-            assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+            assert!(
+                matches!(r, dlock::backend::Acquired::Granted { .. }),
+                "{r:?}"
+            );
             b.release(&name, "o", None, false).await.unwrap();
         }
         // The sweep has scanned "a-live" and waits for "m-expired".
@@ -2765,7 +2786,7 @@ mod on_mysql {
         let took = t.elapsed();
         admin.query_drop("ROLLBACK").await.unwrap();
         assert!(
-            matches!(r, Ok(dlock::Extended::Extended)),
+            matches!(r, Ok(dlock::backend::Extended::Extended)),
             "the renewal of a live row during the sweep: {r:?} after {took:?}"
         );
         assert!(took < Duration::from_secs(1), "renewal took {took:?}");
@@ -2857,7 +2878,10 @@ mod on_mysql {
             .try_acquire("crashed", "gone-owner", Duration::from_millis(200))
             .await
             .unwrap();
-        assert!(matches!(r, dlock::Acquired::Granted { .. }), "{r:?}");
+        assert!(
+            matches!(r, dlock::backend::Acquired::Granted { .. }),
+            "{r:?}"
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
         let b = Arc::new(b);
         let mut tasks = Vec::new();

@@ -380,7 +380,7 @@ impl dlock::Backend for LosesOnRenewal {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Acquired, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Acquired, dlock::LockError>> {
         self.0.try_acquire(name, owner, ttl)
     }
     fn release<'a>(
@@ -389,7 +389,7 @@ impl dlock::Backend for LosesOnRenewal {
         owner: &'a str,
         keep_for: Option<Duration>,
         all: bool,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Released, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, dlock::LockError>> {
         self.0.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -397,13 +397,13 @@ impl dlock::Backend for LosesOnRenewal {
         _name: &'a str,
         _owner: &'a str,
         _ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, dlock::LockError>> {
-        Box::pin(async { Ok(dlock::Extended::Lost) })
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, dlock::LockError>> {
+        Box::pin(async { Ok(dlock::backend::Extended::Lost) })
     }
     fn watch<'a>(
         &'a self,
         name: &'a str,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Watch, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, dlock::LockError>> {
         self.0.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {

@@ -419,8 +419,8 @@ async fn a_delete_lost_to_a_connection_loss_is_retried_until_the_node_is_gone() 
 /// back holds from a runtime that is shutting down.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_goes_on_on_the_driver_when_its_caller_goes_away() {
-    use dlock::Acquired;
     use dlock::Backend as _;
+    use dlock::backend::Acquired;
     let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
     let proxy = Proxy::start(server.port());
     let b = backend(
@@ -573,7 +573,7 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
     }
     // The lock parent is a container: once empty the server removes it (every 500 ms on the
     // test servers, 60 s by default), and `last` with it; the next grant's floor is then only
-    // its node's ctime (the README states this limit). Keep it here with a foreign child, as a
+    // its node's ctime (docs/zookeeper.md states this limit). Keep it here with a foreign child, as a
     // name in use keeps it.
     {
         let g = Lock::new("skewed")

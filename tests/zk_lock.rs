@@ -716,7 +716,7 @@ async fn a_thousand_busy_tries_leave_no_predecessor_watch_behind() {
     );
 }
 
-/// `zk://host:port/chroot`, the README's own URL form, on a fresh ensemble where the chroot does
+/// `zk://host:port/chroot`, the documented URL form (docs/zookeeper.md), on a fresh ensemble where the chroot does
 /// not exist yet (issue 20: every acquire failed with `NoNode`): the backend creates it, as
 /// Curator creates its namespace, and its locks live under it and exclude each other.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

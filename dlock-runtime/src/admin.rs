@@ -23,18 +23,24 @@ use std::time::Duration;
 use crate::backend::BoxFuture;
 
 #[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub use crate::backend::cluster::admin::ClusterAdmin;
 #[cfg(feature = "etcd")]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use crate::backend::etcd::admin::EtcdAdmin;
 pub use crate::backend::redis::admin::RedisAdmin;
 pub use crate::backend::redlock::admin::RedlockAdmin;
 #[cfg(feature = "sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub use crate::backend::sentinel::admin::SentinelAdmin;
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use crate::backend::sql::admin::MysqlAdmin;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use crate::backend::sql::admin::{PgMode, PostgresAdmin};
 #[cfg(feature = "zookeeper")]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub use crate::backend::zookeeper::admin::ZookeeperAdmin;
 
 /// The bound of each call the admin implementations make to a server.

@@ -96,11 +96,12 @@ pub struct RedisKeys {
 ///
 ///
 /// ```
-/// let keys = dlock_runtime::redis_keys("order:42");
+/// # use dlock_runtime as dlock;
+/// let keys = dlock::backend::redis_keys("order:42");
 /// assert_eq!(keys.lock, "dlock:{order:42}");
 /// assert_eq!(keys.fence, "dlock:{order:42}:fence");
 /// assert_eq!(keys.channel, "dlock:{order:42}:rel");
-/// assert_eq!(dlock_runtime::redis_keys("a}b").lock, "dlock:{a\\)b}");
+/// assert_eq!(dlock::backend::redis_keys("a}b").lock, "dlock:{a\\)b}");
 /// ```
 pub fn redis_keys(name: &str) -> RedisKeys {
     let lock = lock_key(name);

@@ -22,9 +22,10 @@ const ERROR_BACKOFF: Duration = Duration::from_millis(100);
 /// A lock to take: a name and how to take it.
 ///
 /// ```
-/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock_runtime::LockError> {
+/// # use dlock_runtime as dlock;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
 /// use std::time::Duration;
-/// let guard = dlock_runtime::Lock::new("order:42")
+/// let guard = dlock::Lock::new("order:42")
 ///     .ttl(Duration::from_secs(10))
 ///     .wait(Duration::from_secs(2))
 ///     .acquire()
@@ -76,7 +77,7 @@ impl Lock {
     /// capped: a wait too long to represent waits for ever.)
     pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
-    /// A lock named `name` (1 to 1024 bytes; see [`crate::redis_keys`] for how it maps to Redis
+    /// A lock named `name` (1 to 1024 bytes; see [`crate::backend::redis_keys`] for how it maps to Redis
     /// keys), with a 30 s ttl, no waiting, the watchdog on and the backend `"default"`.
     pub fn new(name: impl Into<String>) -> Self {
         Lock {

@@ -175,6 +175,7 @@ pub fn backend(name: &str) -> Result<Arc<dyn Backend>, LockError> {
 }
 
 #[cfg(feature = "cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 /// Connects to a Redis Cluster through its seed nodes and registers it under `name`
 /// (replacing what was there). `urls` is any iterable of URL strings:
 /// `&["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"]` or a `Vec<String>`. Knobs (timeouts,

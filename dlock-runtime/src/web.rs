@@ -15,7 +15,8 @@
 //!
 //! ```
 //! # use std::time::Duration;
-//! use dlock_runtime::web::{LockLayer, path_key};
+//! # use dlock_runtime as dlock;
+//! use dlock::web::{LockLayer, path_key};
 //! let layer = LockLayer::new(path_key("/orders/{id}/pay", "order:{id}").unwrap())
 //!     .ttl(Duration::from_secs(10))
 //!     .wait(Duration::from_millis(200));

@@ -20,10 +20,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, Lock, LockError, LockGuard, MemoryBackend,
-    RedisBackend, Released, Watch,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError, LockGuard, MemoryBackend, RedisBackend};
 use serde_json::{Value, json};
 
 use crate::checker::{self, Report};

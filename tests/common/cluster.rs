@@ -466,7 +466,7 @@ impl Env {
     pub(crate) async fn cluster_exists(&self, name: &str) -> bool {
         let mut con = self.cluster_set().admin().await;
         let n: i64 = redis::cmd("EXISTS")
-            .arg(dlock::redis_keys(name).lock)
+            .arg(dlock::backend::redis_keys(name).lock)
             .query_async(&mut con)
             .await
             .expect("EXISTS");
@@ -476,7 +476,7 @@ impl Env {
     pub(crate) async fn cluster_force_delete(&self, name: &str) {
         let mut con = self.cluster_set().admin().await;
         let n: i64 = redis::cmd("DEL")
-            .arg(dlock::redis_keys(name).lock)
+            .arg(dlock::backend::redis_keys(name).lock)
             .query_async(&mut con)
             .await
             .expect("DEL");

@@ -681,7 +681,7 @@ impl Env {
             Kind::Redis => {
                 let mut con = self.server().admin_async().await;
                 let n: i64 = redis::cmd("DEL")
-                    .arg(dlock::redis_keys(name).lock)
+                    .arg(dlock::backend::redis_keys(name).lock)
                     .query_async(&mut con)
                     .await
                     .expect("DEL");
@@ -711,7 +711,7 @@ impl Env {
             Kind::Redis => {
                 let mut con = self.server().admin_async().await;
                 let n: i64 = redis::cmd("EXISTS")
-                    .arg(dlock::redis_keys(name).lock)
+                    .arg(dlock::backend::redis_keys(name).lock)
                     .query_async(&mut con)
                     .await
                     .expect("EXISTS");
@@ -724,7 +724,7 @@ impl Env {
                     .try_acquire(name, "probe-owner", Duration::from_secs(1))
                     .await
                 {
-                    Ok(dlock::Acquired::Granted { .. }) => {
+                    Ok(dlock::backend::Acquired::Granted { .. }) => {
                         b.release(name, "probe-owner", None, true).await.unwrap();
                         false
                     }

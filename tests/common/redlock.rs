@@ -97,7 +97,7 @@ pub async fn nodes_with_lock(nodes: &[RedisProc], name: &str) -> Vec<usize> {
     let mut out = Vec::new();
     for (i, mut con) in admins(nodes).await {
         let n: i64 = redis::cmd("EXISTS")
-            .arg(dlock::redis_keys(name).lock)
+            .arg(dlock::backend::redis_keys(name).lock)
             .query_async(&mut con)
             .await
             .expect("EXISTS");
@@ -198,7 +198,7 @@ impl Env {
         let mut deleted = 0;
         for (_, mut con) in admins(&self.nodes).await {
             let n: i64 = redis::cmd("DEL")
-                .arg(dlock::redis_keys(name).lock)
+                .arg(dlock::backend::redis_keys(name).lock)
                 .query_async(&mut con)
                 .await
                 .expect("DEL");

@@ -147,6 +147,7 @@ impl ClusterBackendBuilder {
 
     /// Trusts `pem` as the root certificate for `rediss://` nodes instead of the system store.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
         self.tls_root_cert = Some(pem);
         self
@@ -236,7 +237,7 @@ impl ClusterBackendBuilder {
 /// Locks in a Redis Cluster (feature `cluster`).
 ///
 /// Cheap to clone. A lock's hash, fence key and release channel share one hash slot (the
-/// `{escaped name}` tag, see [`crate::redis_keys`]), so every script runs on the one master that
+/// `{escaped name}` tag, see [`crate::backend::redis_keys`]), so every script runs on the one master that
 /// owns the slot; the redis crate's cluster client follows `MOVED` / `ASK` redirections and
 /// topology changes, and retries `TRYAGAIN` while a slot is being migrated. The scripts are the
 /// single-node ones, run by `EVALSHA`; a node that does not know one yet (a new master, an

@@ -118,6 +118,7 @@ impl EtcdBackendBuilder {
 
     /// TLS with this CA certificate (PEM) for `https://` endpoints (feature `tls`).
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
         let ca = etcd::Certificate::from_pem(pem);
         self.tls = Some(self.tls.take().unwrap_or_default().ca_certificate(ca));
@@ -127,6 +128,7 @@ impl EtcdBackendBuilder {
     /// A client certificate and its private key (PEM) for servers that require one (etcd's
     /// `--client-cert-auth`; feature `tls`). Combine with [`Self::tls_ca_pem`].
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
         let id = etcd::Identity::from_pem(cert_pem, key_pem);
         self.tls = Some(self.tls.take().unwrap_or_default().identity(id));

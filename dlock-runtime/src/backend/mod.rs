@@ -1,7 +1,82 @@
-//! The backend trait every lock store implements, and the two built-in backends.
+//! For those who write a backend (a lock store of their own): the [`Backend`] trait and the
+//! types its methods take and return.
 //!
-//! The guard, the watchdog, the waiting loop and the macro only ever talk to a
-//! [`Backend`], so they never know whether the lock lives in Redis or in memory.
+//! Applications do not need this module: they name a backend by the URL given to
+//! [`crate::init`] (or register a built one with [`crate::register`]) and take locks with the
+//! attribute or [`crate::Lock`]. The guard, the watchdog, the waiting loop and the macro only
+//! ever talk to a [`Backend`], so they never know which store holds the lock.
+//!
+//! * [`Backend`] (also at the crate root) with its results [`Acquired`], [`Released`] and
+//!   [`Extended`], returned as a [`BoxFuture`];
+//! * [`WaitQueues`] and [`Watch`]: the per-name FIFO of local waiters that a backend's
+//!   [`Backend::watch`] hands out and its release notifications wake;
+//! * [`redis_keys`] and [`RedisKeys`]: how a lock name maps to the Redis keys and channel that
+//!   the built-in Redis engines use (for tools that read them).
+//!
+//! A minimal backend over [`crate::MemoryBackend`] (the shape of the crate's
+//! `tests/custom_backend.rs`): it forwards every call and counts the grants.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::sync::atomic::{AtomicU64, Ordering};
+//! use std::time::Duration;
+//! # use dlock_runtime as dlock;
+//! use dlock::backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+//! use dlock::{LockError, MemoryBackend};
+//!
+//! #[derive(Debug, Default)]
+//! struct Counting {
+//!     inner: MemoryBackend,
+//!     grants: AtomicU64,
+//! }
+//!
+//! impl Backend for Counting {
+//!     fn try_acquire<'a>(
+//!         &'a self,
+//!         name: &'a str,
+//!         owner: &'a str,
+//!         ttl: Duration,
+//!     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+//!         Box::pin(async move {
+//!             let r = self.inner.try_acquire(name, owner, ttl).await?;
+//!             if let Acquired::Granted { .. } = r {
+//!                 self.grants.fetch_add(1, Ordering::Relaxed);
+//!             }
+//!             Ok(r)
+//!         })
+//!     }
+//!     fn release<'a>(
+//!         &'a self,
+//!         name: &'a str,
+//!         owner: &'a str,
+//!         keep_for: Option<Duration>,
+//!         all: bool,
+//!     ) -> BoxFuture<'a, Result<Released, LockError>> {
+//!         self.inner.release(name, owner, keep_for, all)
+//!     }
+//!     fn extend<'a>(
+//!         &'a self,
+//!         name: &'a str,
+//!         owner: &'a str,
+//!         ttl: Duration,
+//!     ) -> BoxFuture<'a, Result<Extended, LockError>> {
+//!         self.inner.extend(name, owner, ttl)
+//!     }
+//!     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+//!         self.inner.watch(name)
+//!     }
+//!     fn has_waiters(&self, name: &str) -> bool {
+//!         self.inner.has_waiters(name)
+//!     }
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), LockError> {
+//! let backend = Arc::new(Counting::default());
+//! let guard = dlock::Lock::new("job:nightly").with_backend(backend.clone()).acquire().await?;
+//! guard.release().await?;
+//! assert_eq!(backend.grants.load(Ordering::Relaxed), 1);
+//! # Ok(()) }
+//! ```
 
 use std::fmt;
 use std::future::Future;
@@ -154,7 +229,8 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     }
 }
 
-pub use crate::wait::Watch;
+pub use crate::key::{RedisKeys, redis_keys};
+pub use crate::wait::{WaitQueues, Watch};
 
 #[cfg(all(test, any(feature = "etcd", feature = "zookeeper")))]
 mod tests {

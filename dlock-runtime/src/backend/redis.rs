@@ -78,6 +78,7 @@ impl RedisBackendBuilder {
     /// connections instead of the system's trust store. Used by the data and pub/sub
     /// connections alike; ignored for `redis://`.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
         self.tls_root_cert = Some(pem);
         self

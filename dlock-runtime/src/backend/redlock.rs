@@ -32,7 +32,7 @@
 //!   `last` becomes at least that token) before the guard is returned, until a quorum of nodes
 //!   confirmed it while the name was free there or held by this owner. Any later grant is
 //!   decided on a quorum, which shares a node with that one, so its token is larger, whatever
-//!   the nodes' clock offsets (within the fence key's life, see the README). A node whose own
+//!   the nodes' clock offsets (within the fence key's life, see docs/redlock.md). A node whose own
 //!   grant minted the token needs no write; the others cost one more round trip. Without a
 //!   quorum of confirmations in time the grant is given back and the try fails.
 //! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
@@ -219,7 +219,7 @@ impl RedlockBuilder {
 
 /// Locks held by a majority of N independent Redis masters (the Redlock algorithm).
 ///
-/// Cheap to clone. See the module documentation for the rules, and the README for what it
+/// Cheap to clone. See the module documentation for the rules, and docs/redlock.md for what it
 /// promises: Redlock depends on bounded clock drift and on process pauses shorter than the
 /// validity, which a single server does not.
 #[derive(Clone)]
@@ -856,7 +856,7 @@ impl Inner {
     /// there gets a larger token (the name is free there or `owner` holds it), at the latest by
     /// `until` (the end of the grant's validity) or one node timeout from now. A node whose own
     /// counted grant minted `token` already confirms it. Any later grant is decided on a quorum,
-    /// which shares a node with this one, so its token is larger (README, Redlock, tokens).
+    /// which shares a node with this one, so its token is larger (docs/redlock.md, fencing token).
     /// Every node gets the write (it raises the fence only), also those that did not answer in
     /// time (behind the acquire on their connection). Fewer than a quorum in time: an error,
     /// and the caller gives the grant back.

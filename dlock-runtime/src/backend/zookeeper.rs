@@ -249,6 +249,7 @@ impl ZookeeperBackendBuilder {
     /// server that wants a client certificate and gets none fail [`Self::build`] with
     /// [`LockError::Backend`] within the request timeout. `false` turns TLS off again.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls(mut self, on: bool) -> Self {
         self.tls = on.then(|| self.tls.take().unwrap_or_default());
         self
@@ -258,6 +259,7 @@ impl ZookeeperBackendBuilder {
     /// the server's certificate must then chain to one of these, not to the Mozilla roots.
     /// Turns TLS on. A PEM without a certificate is [`LockError::Config`] at [`Self::build`].
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_ca_pem(mut self, pem: &[u8]) -> Self {
         let mut t = self.tls.take().unwrap_or_default();
         t.ca_pem.push(pem.to_vec());
@@ -270,6 +272,7 @@ impl ZookeeperBackendBuilder {
     /// A PEM that does not parse, or a key that does not match the certificate, is
     /// [`LockError::Config`] at [`Self::build`]; the key never appears in `Debug` or errors.
     #[cfg(feature = "tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_identity_pem(mut self, cert_pem: &[u8], key_pem: &[u8]) -> Self {
         let mut t = self.tls.take().unwrap_or_default();
         t.identity = Some((cert_pem.to_vec(), key_pem.to_vec()));

@@ -19,6 +19,7 @@ const POLL_EVERY: Duration = Duration::from_millis(500);
 
 /// The operator's view of a Redis Cluster.
 #[derive(Debug, Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
 pub struct ClusterAdmin {
     seeds: String,
     /// (first slot, last slot, index into `masters`).

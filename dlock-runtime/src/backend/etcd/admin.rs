@@ -24,6 +24,7 @@ use crate::backend::BoxFuture;
 
 /// The operator's view of an etcd cluster's dlock keys.
 #[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub struct EtcdAdmin {
     client: etcd::Client,
     /// `etcd://[user@]endpoints`: never the password.

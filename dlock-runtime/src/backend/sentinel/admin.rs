@@ -8,6 +8,7 @@ use crate::backend::redis::redact_url;
 
 /// The operator's view of the master a Sentinel group names.
 #[derive(Debug, Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "sentinel")))]
 pub struct SentinelAdmin {
     master_name: String,
     master: RedisAdmin,

@@ -244,6 +244,7 @@ fn listing(rows: &[TableRow], details: impl Fn() -> Vec<(String, String)>) -> Li
 // ---------------------------------------------------------------------------------------------
 
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use pg::{PgMode, PostgresAdmin};
 
 #[cfg(feature = "postgres")]
@@ -261,6 +262,7 @@ mod pg {
     /// Which kind of PostgreSQL backend the admin looks at.
     #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
     #[non_exhaustive]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub enum PgMode {
         /// The lock table (`PostgresBackend`'s default).
         #[default]
@@ -272,6 +274,7 @@ mod pg {
     /// The operator's view of a PostgreSQL lock table, or of advisory-lock mode (see the module
     /// docs of `dlock::admin` and this type's constructors for what each mode can show).
     #[derive(Clone)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
     pub struct PostgresAdmin {
         inner: Arc<Inner>,
     }
@@ -906,6 +909,7 @@ mod pg {
 // ---------------------------------------------------------------------------------------------
 
 #[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
 pub use my::MysqlAdmin;
 
 #[cfg(feature = "mysql")]
@@ -919,6 +923,7 @@ mod my {
 
     /// The operator's view of a MySQL / MariaDB lock table.
     #[derive(Clone)]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
     pub struct MysqlAdmin {
         inner: Arc<Inner>,
     }

@@ -115,6 +115,7 @@ impl MysqlBackendBuilder {
     /// [`LockError`] at connect, never a plain-text fallback. There is no "prefer" mode: without
     /// this, `require_ssl=true`, `ssl_ca` or a root certificate, connections are plain text.
     #[cfg(feature = "mysql-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql-tls")))]
     pub fn require_tls(mut self, on: bool) -> Self {
         self.require_tls = on;
         self
@@ -128,6 +129,7 @@ impl MysqlBackendBuilder {
     /// name check with the rustls version in use: the driver matches an error text that
     /// rustls no longer produces.)
     #[cfg(feature = "mysql-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mysql-tls")))]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
         self

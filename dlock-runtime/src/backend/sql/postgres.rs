@@ -93,7 +93,7 @@ where
 ///     expires_at timestamptz NOT NULL      -- end of the lease, by the database clock
 /// );
 /// -- The queue of waiting processes (one row per process and name; see "PostgreSQL waiting" in
-/// -- the README). Unlogged: a row costs no WAL flush, and a server crash, which ends every
+/// -- docs/postgres.md). Unlogged: a row costs no WAL flush, and a server crash, which ends every
 /// -- listener anyway, empties it.
 /// CREATE UNLOGGED TABLE IF NOT EXISTS dlock_locks_waiters (
 ///     name       bytea       NOT NULL,     -- the lock name waited for
@@ -863,8 +863,8 @@ impl PostgresBackendBuilder {
     }
 
     /// Whether waiting processes queue in the table `<table>_waiters` so that a release wakes
-    /// only the process that has waited longest (default true; see "PostgreSQL waiting" in the
-    /// README). Off, or when the waiters table is missing (`create_schema(false)` with an older
+    /// only the process that has waited longest (default true; see "PostgreSQL waiting" in
+    /// docs/postgres.md). Off, or when the waiters table is missing (`create_schema(false)` with an older
     /// schema), or when the listener cannot keep one server session (a transaction-mode
     /// pooler), every release wakes one waiter in every process (the v1 behaviour).
     pub fn fifo_wakeups(mut self, on: bool) -> Self {
@@ -878,6 +878,7 @@ impl PostgresBackendBuilder {
     /// verified), and `sslrootcert=/path/ca.pem` adds a CA file as this method does. Without
     /// `sslmode=require|verify-*` (libpq's default `prefer`) the connection is plain text.
     #[cfg(feature = "postgres-tls")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "postgres-tls")))]
     pub fn tls_root_cert(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.tls_roots.push(pem.into());
         self
@@ -1600,7 +1601,7 @@ impl PostgresBackend {
     /// in `public`, else `schema.relname`): the advisory key space and the release channel
     /// follow the configured string, so processes that spell one table differently do not
     /// exclude each other in advisory mode and do not hear each other's releases (sql.md #11;
-    /// see the README). Best effort: a failed check says nothing.
+    /// see docs/postgres.md, advisory-lock mode). Best effort: a failed check says nothing.
     async fn warn_if_spelled_otherwise(&self) {
         let pool = &self.inner.pool;
         let table = self.inner.table.clone();

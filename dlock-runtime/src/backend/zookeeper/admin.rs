@@ -20,6 +20,7 @@ use crate::backend::BoxFuture;
 
 /// The operator's view of a ZooKeeper ensemble's dlock nodes.
 #[derive(Clone)]
+#[cfg_attr(docsrs, doc(cfg(feature = "zookeeper")))]
 pub struct ZookeeperAdmin {
     client: zk::Client,
     /// `zk[s]://[user@]hosts[/chroot]`: never the password.
