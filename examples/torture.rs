@@ -42,9 +42,15 @@
 //! body), `--mode dlock|noexclude|norenew|noreturn` (the latter three are deliberately broken
 //! locks for the checker's self-test; `noreturn` never gives a hold back, so the name is
 //! orphaned), `--give-back-ms` (the engine's stated give-back bound; the orphan check allows the
-//! larger of it and ttl + 2 s), `--clock-offsets-ms A,B,..` (Redis, Redlock, Sentinel: lock
-//! server `i` runs with its wall clock off by entry `i % len` ms, through the `LD_PRELOAD` shim
-//! `tests/common/clockstep.c`, built with `cc`; the checker's token-order count must stay 0),
+//! larger of it and ttl + 2 s), `--clock-offsets-ms A,B,..` (per-server wall-clock offsets in
+//! ms; the checker's token-order count must stay 0: Redis, Redlock, Sentinel and Cluster: lock
+//! server `i` (Sentinel: master, replica; Cluster: six nodes) runs with its wall clock off by
+//! entry `i % len` ms, through the `LD_PRELOAD` shim `tests/common/clockstep.c`, built with
+//! `cc`, across its restarts; `--zookeeper`: member `i` under libfaketime at entry `i % len`;
+//! `postgres`, `pg-advisory`, `mysql`: the one server starts at entry 0 and each restart fault
+//! moves it to the next entry, a forward step being logged as a state-loss window (leases end
+//! early on the server's clock); `etcd`: its Go binary reads the clock without libc, and its
+//! token floor is the client's clock, so worker process `i` runs at entry `i % len` instead),
 //! `--dir` (logs; default a fresh directory under the temp dir), `--seed`, `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,

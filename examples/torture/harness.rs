@@ -469,11 +469,19 @@ fn start_store(cfg: &RunCfg) -> io::Result<Box<dyn Store>> {
         #[cfg(feature = "etcd")]
         Engine::Etcd => Ok(Box::new(etcd::EtcdSet::start(&cfg.dir)?)),
         #[cfg(feature = "postgres")]
-        Engine::Postgres | Engine::PgAdvisory => Ok(Box::new(sql::PgServer::start(&cfg.dir)?)),
+        Engine::Postgres | Engine::PgAdvisory => Ok(Box::new(sql::PgServer::start(
+            &cfg.dir,
+            cfg.clock_offsets_ms.clone(),
+        )?)),
         #[cfg(feature = "mysql")]
-        Engine::Mysql => Ok(Box::new(sql::MyServer::start(&cfg.dir)?)),
+        Engine::Mysql => Ok(Box::new(sql::MyServer::start(
+            &cfg.dir,
+            cfg.clock_offsets_ms.clone(),
+        )?)),
         #[cfg(feature = "cluster")]
-        Engine::Cluster => Ok(Box::new(cluster::ClusterSet::start(&cfg.dir)?)),
+        Engine::Cluster => Ok(Box::new(cluster::ClusterSet::start(&cfg.dir, |i| {
+            cfg.clock_offset_ms(i)
+        })?)),
         #[cfg(not(feature = "etcd"))]
         Engine::Etcd => missing("etcd"),
         #[cfg(not(feature = "postgres"))]
@@ -969,9 +977,12 @@ pub(crate) struct RunCfg {
     /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
     /// orphan check uses the larger of the two.
     pub(crate) give_back_ms: u64,
-    /// Wall-clock offsets (ms) of the lock servers of the Redis-family engines started here
-    /// (Redis, Redlock's nodes, Sentinel's master and replica): server `i` gets entry
-    /// `i % len` (`--clock-offsets-ms 0,40,-40`). Empty: the host's clock.
+    /// Wall-clock offsets (ms) of the lock servers, `--clock-offsets-ms 0,400,-400`; empty:
+    /// the host's clock. Server `i` gets entry `i % len`: Redis (server 0), Redlock's nodes,
+    /// Sentinel's master and replica, the six Redis Cluster nodes, the three ZooKeeper members
+    /// (libfaketime), kept across restarts. PostgreSQL and MariaDB (one server) start at entry 0
+    /// and move to the next entry at each restart. etcd (a Go binary, deaf to `LD_PRELOAD`, and
+    /// whose token floor is the client's clock): worker process `i` gets entry `i % len`.
     pub(crate) clock_offsets_ms: Vec<i64>,
 }
 
@@ -1074,6 +1085,21 @@ impl Coordinator<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        // etcd has no server clock in its API and its Go binary reads the clock without libc:
+        // the token's floor is the client's clock, so on etcd the offsets go to the workers
+        // (worker `idx` at entry `idx % len`).
+        if self.cfg.engine == Engine::Etcd && self.cfg.clock_offset_ms(idx) != 0 {
+            let dir = self.cfg.dir.join("worker-clock");
+            std::fs::create_dir_all(&dir)?;
+            let lib = clock_shim(&dir)?;
+            let file = dir.join(format!("clock-offset-w{idx:02}"));
+            std::fs::write(
+                &file,
+                (self.cfg.clock_offset_ms(idx) * 1_000_000).to_ne_bytes(),
+            )?;
+            cmd.env("LD_PRELOAD", &lib)
+                .env("DLOCK_CLOCK_OFFSET_FILE", &file);
+        }
         let mut child = spawn_tied(&mut cmd)?;
         // Wait for the worker's hello line, which carries its owner-id prefix.
         let start = mono();
@@ -1630,6 +1656,22 @@ mod zkens {
         dir: PathBuf,
         ports: Vec<(u16, u16, u16)>,
         children: Vec<Option<Child>>,
+        /// Per member: its wall-clock offset in ms (libfaketime; 0: the host's clock), kept
+        /// across the nemesis's restarts of that member.
+        offsets_ms: [i64; 3],
+    }
+
+    /// libfaketime's preload library (Debian's `libfaketime`), as `tests/common/zookeeper.rs`
+    /// uses it: the JVM reads its wall clock through libc, so `System.currentTimeMillis` (the
+    /// nodes' `ctime`, the tokens' floor) runs at the offset; monotonic time (sessions, ticks)
+    /// is left alone.
+    const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
+
+    /// `FAKETIME`'s relative form in seconds with a fraction (`+1.500`, `-0.250`).
+    fn faketime_offset(ms: i64) -> String {
+        let sign = if ms < 0 { '-' } else { '+' };
+        let a = ms.unsigned_abs();
+        format!("{sign}{}.{:03}", a / 1000, a % 1000)
     }
 
     fn classpath() -> String {
@@ -1666,7 +1708,13 @@ mod zkens {
     }
 
     impl Ensemble {
-        pub(crate) fn start(dir: &Path) -> io::Result<Ensemble> {
+        pub(crate) fn start(dir: &Path, offsets_ms: [i64; 3]) -> io::Result<Ensemble> {
+            if offsets_ms.iter().any(|&o| o != 0) && !Path::new(FAKETIME_LIB).exists() {
+                return Err(io::Error::other(format!(
+                    "clock offsets on ZooKeeper need libfaketime ({FAKETIME_LIB} missing): \
+                     apt-get install libfaketime"
+                )));
+            }
             let mut ports = Vec::new();
             for _ in 0..3 {
                 ports.push((free_port()?, free_port()?, free_port()?));
@@ -1675,16 +1723,24 @@ mod zkens {
                 dir: dir.to_path_buf(),
                 ports,
                 children: vec![None, None, None],
+                offsets_ms,
             };
             for i in 0..3 {
                 e.spawn(i)?;
             }
+            // A JVM under libfaketime starts several times slower (every clock read is
+            // intercepted).
+            let limit_s = if offsets_ms.iter().any(|&o| o != 0) {
+                300
+            } else {
+                90
+            };
             let start = mono();
             while !(0..3).all(|i| e.mode(i).is_some()) {
-                if mono() - start > 90_000_000_000 {
-                    return Err(io::Error::other(
-                        "the ZooKeeper ensemble did not form in 90 s",
-                    ));
+                if mono() - start > limit_s * 1_000_000_000 {
+                    return Err(io::Error::other(format!(
+                        "the ZooKeeper ensemble did not form in {limit_s} s"
+                    )));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -1722,6 +1778,11 @@ mod zkens {
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
+            if self.offsets_ms[i] != 0 {
+                cmd.env("LD_PRELOAD", FAKETIME_LIB)
+                    .env("FAKETIME", faketime_offset(self.offsets_ms[i]))
+                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+            }
             self.children[i] = Some(spawn_tied(&mut cmd)?);
             Ok(())
         }
@@ -1986,7 +2047,10 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     #[cfg(feature = "zookeeper")]
     let zk = if cfg.zookeeper {
         // Formed before the clock starts: the JVMs take seconds.
-        Some(zkens::Ensemble::start(&cfg.dir)?)
+        Some(zkens::Ensemble::start(
+            &cfg.dir,
+            [0, 1, 2].map(|i| cfg.clock_offset_ms(i)),
+        )?)
     } else {
         None
     };
@@ -2022,13 +2086,14 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     }
     if cfg.verbose {
         eprintln!(
-            "torture: {} workers × {} tasks, mode {}, engine {}, ttl {} ms, nemesis {}, lock servers {:?}, resource :{}, logs in {}",
+            "torture: {} workers × {} tasks, mode {}, engine {}, ttl {} ms, nemesis {}, clock offsets {:?} ms, lock servers {:?}, resource :{}, logs in {}",
             cfg.workers,
             cfg.tasks,
             cfg.mode.as_str(),
             cfg.engine.as_str(),
             cfg.ttl_ms,
             cfg.nemesis,
+            cfg.clock_offsets_ms,
             co.nodes.iter().map(|n| n.port).collect::<Vec<_>>(),
             res_srv.port,
             cfg.dir.display()
