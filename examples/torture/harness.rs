@@ -737,7 +737,14 @@ async fn connect_engine(engine: Engine, urls: &str) -> Result<Arc<dyn Backend>, 
         Engine::Redis => Arc::new(RedisBackend::connect(urls).await?),
         Engine::Redlock => Arc::new(dlock::RedlockBackend::connect(list).await?),
         #[cfg(feature = "sentinel")]
-        Engine::Sentinel => Arc::new(dlock::SentinelBackend::connect(SENTINEL_MASTER, list).await?),
+        Engine::Sentinel => {
+            let mut b = dlock::SentinelBackend::builder(SENTINEL_MASTER, list);
+            let n = env_u64("TORTURE_MIN_REPLICAS", 0) as usize;
+            if n > 0 {
+                b = b.min_replicas(n, Duration::from_millis(200));
+            }
+            Arc::new(b.connect().await?)
+        }
         #[cfg(not(feature = "sentinel"))]
         Engine::Sentinel => {
             return Err(LockError::Config(
@@ -977,10 +984,13 @@ pub(crate) struct RunCfg {
     /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
     /// orphan check uses the larger of the two.
     pub(crate) give_back_ms: u64,
+    /// Sentinel: `min_replicas(n, 200 ms)` on the workers' backends (`WAIT n 200` after each
+    /// grant); 0: off.
+    pub(crate) min_replicas: usize,
     /// Wall-clock offsets (ms) of the lock servers, `--clock-offsets-ms 0,400,-400`; empty:
     /// the host's clock. Server `i` gets entry `i % len`: Redis (server 0), Redlock's nodes,
     /// Sentinel's master and replica, the six Redis Cluster nodes, the three ZooKeeper members
-    /// (libfaketime), kept across restarts. PostgreSQL and MariaDB (one server) start at entry 0
+    /// (the same shim), kept across restarts. PostgreSQL and MariaDB (one server) start at entry 0
     /// and move to the next entry at each restart. etcd (a Go binary, deaf to `LD_PRELOAD`, and
     /// whose token floor is the client's clock): worker process `i` gets entry `i % len`.
     pub(crate) clock_offsets_ms: Vec<i64>,
@@ -1012,6 +1022,7 @@ impl RunCfg {
             verbose: false,
             zookeeper: false,
             give_back_ms: 0,
+            min_replicas: 0,
             clock_offsets_ms: Vec::new(),
         }
     }
@@ -1076,6 +1087,7 @@ impl Coordinator<'_> {
             .env("TORTURE_TTL_MS", self.cfg.ttl_ms.to_string())
             .env("TORTURE_WAIT_MS", self.cfg.wait_ms.to_string())
             .env("TORTURE_BODY_US", self.cfg.body_us.to_string())
+            .env("TORTURE_MIN_REPLICAS", self.cfg.min_replicas.to_string())
             .env("TORTURE_MODE", self.cfg.mode.as_str())
             .env("TORTURE_ENGINE", self.cfg.engine.as_str())
             .env("TORTURE_END_NS", self.end.to_string())
@@ -1656,22 +1668,9 @@ mod zkens {
         dir: PathBuf,
         ports: Vec<(u16, u16, u16)>,
         children: Vec<Option<Child>>,
-        /// Per member: its wall-clock offset in ms (libfaketime; 0: the host's clock), kept
-        /// across the nemesis's restarts of that member.
+        /// Per member: its wall-clock offset in ms (0: the host's clock), kept across the
+        /// nemesis's restarts of that member.
         offsets_ms: [i64; 3],
-    }
-
-    /// libfaketime's preload library (Debian's `libfaketime`), as `tests/common/zookeeper.rs`
-    /// uses it: the JVM reads its wall clock through libc, so `System.currentTimeMillis` (the
-    /// nodes' `ctime`, the tokens' floor) runs at the offset; monotonic time (sessions, ticks)
-    /// is left alone.
-    const FAKETIME_LIB: &str = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1";
-
-    /// `FAKETIME`'s relative form in seconds with a fraction (`+1.500`, `-0.250`).
-    fn faketime_offset(ms: i64) -> String {
-        let sign = if ms < 0 { '-' } else { '+' };
-        let a = ms.unsigned_abs();
-        format!("{sign}{}.{:03}", a / 1000, a % 1000)
     }
 
     fn classpath() -> String {
@@ -1709,12 +1708,6 @@ mod zkens {
 
     impl Ensemble {
         pub(crate) fn start(dir: &Path, offsets_ms: [i64; 3]) -> io::Result<Ensemble> {
-            if offsets_ms.iter().any(|&o| o != 0) && !Path::new(FAKETIME_LIB).exists() {
-                return Err(io::Error::other(format!(
-                    "clock offsets on ZooKeeper need libfaketime ({FAKETIME_LIB} missing): \
-                     apt-get install libfaketime"
-                )));
-            }
             let mut ports = Vec::new();
             for _ in 0..3 {
                 ports.push((free_port()?, free_port()?, free_port()?));
@@ -1728,19 +1721,12 @@ mod zkens {
             for i in 0..3 {
                 e.spawn(i)?;
             }
-            // A JVM under libfaketime starts several times slower (every clock read is
-            // intercepted).
-            let limit_s = if offsets_ms.iter().any(|&o| o != 0) {
-                300
-            } else {
-                90
-            };
             let start = mono();
             while !(0..3).all(|i| e.mode(i).is_some()) {
-                if mono() - start > limit_s * 1_000_000_000 {
-                    return Err(io::Error::other(format!(
-                        "the ZooKeeper ensemble did not form in {limit_s} s"
-                    )));
+                if mono() - start > 90_000_000_000 {
+                    return Err(io::Error::other(
+                        "the ZooKeeper ensemble did not form in 90 s",
+                    ));
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
@@ -1778,10 +1764,18 @@ mod zkens {
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
+            // The member's wall clock (`System.currentTimeMillis`, which the JVM reads through
+            // libc's `clock_gettime`: the nodes' `ctime`, the tokens' floor) at its offset, by
+            // the clock shim `tests/common/clockstep.c`; monotonic time (sessions, ticks) is left
+            // alone. Not libfaketime, which `tests/common/zookeeper.rs` uses: under it this JVM
+            // runs several times slower (a restarted member took 10–28 s to serve again instead
+            // of 2–4 s, and a 60 s run made 11 grants).
             if self.offsets_ms[i] != 0 {
-                cmd.env("LD_PRELOAD", FAKETIME_LIB)
-                    .env("FAKETIME", faketime_offset(self.offsets_ms[i]))
-                    .env("FAKETIME_DONT_FAKE_MONOTONIC", "1");
+                let lib = clock_shim(&self.dir)?;
+                let file = home.join("clock-offset");
+                std::fs::write(&file, (self.offsets_ms[i] * 1_000_000).to_ne_bytes())?;
+                cmd.env("LD_PRELOAD", lib)
+                    .env("DLOCK_CLOCK_OFFSET_FILE", file);
             }
             self.children[i] = Some(spawn_tied(&mut cmd)?);
             Ok(())
