@@ -42,10 +42,17 @@
 //! body), `--mode dlock|noexclude|norenew|noreturn` (the latter three are deliberately broken
 //! locks for the checker's self-test; `noreturn` never gives a hold back, so the name is
 //! orphaned), `--give-back-ms` (the engine's stated give-back bound; the orphan check allows the
-//! larger of it and ttl + 2 s), `--clock-offsets-ms A,B,..` (Redis, Redlock, Sentinel: lock
-//! server `i` runs with its wall clock off by entry `i % len` ms, through the `LD_PRELOAD` shim
-//! `tests/common/clockstep.c`, built with `cc`; the checker's token-order count must stay 0),
-//! `--dir` (logs; default a fresh directory under the temp dir), `--seed`, `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
+//! larger of it and ttl + 2 s), `--clock-offsets-ms A,B,..` (per-server wall-clock offsets in
+//! ms; the checker's token-order count must stay 0: Redis, Redlock, Sentinel and Cluster: lock
+//! server `i` (Sentinel: master, replica; Cluster: six nodes) runs with its wall clock off by
+//! entry `i % len` ms, through the `LD_PRELOAD` shim `tests/common/clockstep.c`, built with
+//! `cc`, across its restarts; `--zookeeper`: member `i` at entry `i % len`, by the same shim;
+//! `postgres`, `pg-advisory`, `mysql`: the one server starts at entry 0 and each restart fault
+//! moves it to the next entry, a forward step being logged as a state-loss window (leases end
+//! early on the server's clock); `etcd`: its Go binary reads the clock without libc, and its
+//! token floor is the client's clock, so worker process `i` runs at entry `i % len` instead),
+//! `--min-replicas N` (Sentinel: the workers' backends run `WAIT N 200` after each grant,
+//! `SentinelBuilder::min_replicas`), `--dir` (logs; default a fresh directory under the temp dir), `--seed`, `--quiet`. It starts its own two redis-servers (`redis-server` must be on `PATH`) on free
 //! 127.0.0.1 ports and never touches any other Redis. Exit status 1 when the checker finds an
 //! unnoticed overlap among fenced operations, a lost fenced update, a token or lease violation,
 //! an orphan (the name held by nobody for longer than the give-back bound while workers wanted
@@ -108,6 +115,7 @@ fn main() {
             "--quiet" => cfg.verbose = false,
             "--zookeeper" => cfg.zookeeper = true,
             "--give-back-ms" => cfg.give_back_ms = num(&val()) as u64,
+            "--min-replicas" => cfg.min_replicas = num(&val()),
             "--clock-offsets-ms" => {
                 cfg.clock_offsets_ms = val()
                     .split(',')
@@ -222,7 +230,7 @@ fn usage(msg: &str) -> ! {
     }
     eprintln!(
         "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
-         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
+         [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--min-replicas N] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
 }

@@ -214,6 +214,17 @@ impl Lock {
             Some(h) => h.owner.clone(),
             None => context::new_owner(),
         };
+        if parent.is_none() {
+            // A guard of this name dropped here a moment ago is still being given back in the
+            // background: wait for that first (one atomic load when nothing is pending), so a
+            // drop followed by an acquire behaves like a `MutexGuard` within this process.
+            crate::give_back::after_own_give_backs(
+                &backend,
+                &self.name,
+                crate::give_back::OWN_GIVE_BACK_WAIT,
+            )
+            .await;
+        }
         let span = tracing::debug_span!("dlock.acquire", key = %self.name);
         let started = Instant::now();
         // One label look-up per acquisition, shared by its outcome and its hold.

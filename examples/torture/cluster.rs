@@ -7,7 +7,9 @@
 //! the node timeout: its replica takes over; the old master comes back empty and becomes a
 //! replica), and a kill with an immediate restart (it comes back empty before anyone noticed,
 //! still the master). The last two may lose recent grants (asynchronous replication, no
-//! persistence): marked `state_loss`.
+//! persistence): marked `state_loss`. With `--clock-offsets-ms`, node `i` of the six (the first
+//! three start as masters) runs its wall clock at entry `i % len` through the clock shim, across
+//! its restarts, so a failover moves the lock's slot to a node with another clock.
 
 use super::*;
 
@@ -41,7 +43,8 @@ fn cluster_nodes(port: u16) -> Vec<(u16, bool, String, String)> {
 }
 
 impl ClusterSet {
-    pub(crate) fn start(dir: &Path) -> io::Result<ClusterSet> {
+    /// `offsets_ms(i)`: node `i`'s wall-clock offset (0: none), kept across its restarts.
+    pub(crate) fn start(dir: &Path, offsets_ms: impl Fn(usize) -> i64) -> io::Result<ClusterSet> {
         let args: Vec<String> = [
             "--cluster-enabled",
             "yes",
@@ -53,7 +56,11 @@ impl ClusterSet {
         .map(String::from)
         .into();
         let nodes = (0..6)
-            .map(|i| RedisServer::start_with(&dir.join(format!("cluster-node{i}")), &args))
+            .map(|i| {
+                let mut n = RedisServer::start_with(&dir.join(format!("cluster-node{i}")), &args)?;
+                n.clock_offset(offsets_ms(i))?;
+                Ok(n)
+            })
             .collect::<io::Result<Vec<_>>>()?;
         let mut cmd = Command::new("redis-cli");
         cmd.args(["--cluster", "create"]);

@@ -467,11 +467,19 @@ fn start_store(cfg: &RunCfg) -> io::Result<Box<dyn Store>> {
         #[cfg(feature = "etcd")]
         Engine::Etcd => Ok(Box::new(etcd::EtcdSet::start(&cfg.dir)?)),
         #[cfg(feature = "postgres")]
-        Engine::Postgres | Engine::PgAdvisory => Ok(Box::new(sql::PgServer::start(&cfg.dir)?)),
+        Engine::Postgres | Engine::PgAdvisory => Ok(Box::new(sql::PgServer::start(
+            &cfg.dir,
+            cfg.clock_offsets_ms.clone(),
+        )?)),
         #[cfg(feature = "mysql")]
-        Engine::Mysql => Ok(Box::new(sql::MyServer::start(&cfg.dir)?)),
+        Engine::Mysql => Ok(Box::new(sql::MyServer::start(
+            &cfg.dir,
+            cfg.clock_offsets_ms.clone(),
+        )?)),
         #[cfg(feature = "cluster")]
-        Engine::Cluster => Ok(Box::new(cluster::ClusterSet::start(&cfg.dir)?)),
+        Engine::Cluster => Ok(Box::new(cluster::ClusterSet::start(&cfg.dir, |i| {
+            cfg.clock_offset_ms(i)
+        })?)),
         #[cfg(not(feature = "etcd"))]
         Engine::Etcd => missing("etcd"),
         #[cfg(not(feature = "postgres"))]
@@ -727,7 +735,14 @@ async fn connect_engine(engine: Engine, urls: &str) -> Result<Arc<dyn Backend>, 
         Engine::Redis => Arc::new(RedisBackend::connect(urls).await?),
         Engine::Redlock => Arc::new(dlock::RedlockBackend::connect(list).await?),
         #[cfg(feature = "sentinel")]
-        Engine::Sentinel => Arc::new(dlock::SentinelBackend::connect(SENTINEL_MASTER, list).await?),
+        Engine::Sentinel => {
+            let mut b = dlock::SentinelBackend::builder(SENTINEL_MASTER, list);
+            let n = env_u64("TORTURE_MIN_REPLICAS", 0) as usize;
+            if n > 0 {
+                b = b.min_replicas(n, Duration::from_millis(200));
+            }
+            Arc::new(b.connect().await?)
+        }
         #[cfg(not(feature = "sentinel"))]
         Engine::Sentinel => {
             return Err(LockError::Config(
@@ -967,9 +982,15 @@ pub(crate) struct RunCfg {
     /// The engine's stated give-back bound in ms (0: the checker's default, ttl + 2 s); the
     /// orphan check uses the larger of the two.
     pub(crate) give_back_ms: u64,
-    /// Wall-clock offsets (ms) of the lock servers of the Redis-family engines started here
-    /// (Redis, Redlock's nodes, Sentinel's master and replica): server `i` gets entry
-    /// `i % len` (`--clock-offsets-ms 0,40,-40`). Empty: the host's clock.
+    /// Sentinel: `min_replicas(n, 200 ms)` on the workers' backends (`WAIT n 200` after each
+    /// grant); 0: off.
+    pub(crate) min_replicas: usize,
+    /// Wall-clock offsets (ms) of the lock servers, `--clock-offsets-ms 0,400,-400`; empty:
+    /// the host's clock. Server `i` gets entry `i % len`: Redis (server 0), Redlock's nodes,
+    /// Sentinel's master and replica, the six Redis Cluster nodes, the three ZooKeeper members
+    /// (the same shim), kept across restarts. PostgreSQL and MariaDB (one server) start at entry 0
+    /// and move to the next entry at each restart. etcd (a Go binary, deaf to `LD_PRELOAD`, and
+    /// whose token floor is the client's clock): worker process `i` gets entry `i % len`.
     pub(crate) clock_offsets_ms: Vec<i64>,
 }
 
@@ -999,6 +1020,7 @@ impl RunCfg {
             verbose: false,
             zookeeper: false,
             give_back_ms: 0,
+            min_replicas: 0,
             clock_offsets_ms: Vec::new(),
         }
     }
@@ -1063,6 +1085,7 @@ impl Coordinator<'_> {
             .env("TORTURE_TTL_MS", self.cfg.ttl_ms.to_string())
             .env("TORTURE_WAIT_MS", self.cfg.wait_ms.to_string())
             .env("TORTURE_BODY_US", self.cfg.body_us.to_string())
+            .env("TORTURE_MIN_REPLICAS", self.cfg.min_replicas.to_string())
             .env("TORTURE_MODE", self.cfg.mode.as_str())
             .env("TORTURE_ENGINE", self.cfg.engine.as_str())
             .env("TORTURE_END_NS", self.end.to_string())
@@ -1072,6 +1095,21 @@ impl Coordinator<'_> {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr);
+        // etcd has no server clock in its API and its Go binary reads the clock without libc:
+        // the token's floor is the client's clock, so on etcd the offsets go to the workers
+        // (worker `idx` at entry `idx % len`).
+        if self.cfg.engine == Engine::Etcd && self.cfg.clock_offset_ms(idx) != 0 {
+            let dir = self.cfg.dir.join("worker-clock");
+            std::fs::create_dir_all(&dir)?;
+            let lib = clock_shim(&dir)?;
+            let file = dir.join(format!("clock-offset-w{idx:02}"));
+            std::fs::write(
+                &file,
+                (self.cfg.clock_offset_ms(idx) * 1_000_000).to_ne_bytes(),
+            )?;
+            cmd.env("LD_PRELOAD", &lib)
+                .env("DLOCK_CLOCK_OFFSET_FILE", &file);
+        }
         let mut child = spawn_tied(&mut cmd)?;
         // Wait for the worker's hello line, which carries its owner-id prefix.
         let start = mono();
@@ -1628,6 +1666,9 @@ mod zkens {
         dir: PathBuf,
         ports: Vec<(u16, u16, u16)>,
         children: Vec<Option<Child>>,
+        /// Per member: its wall-clock offset in ms (0: the host's clock), kept across the
+        /// nemesis's restarts of that member.
+        offsets_ms: [i64; 3],
     }
 
     fn classpath() -> String {
@@ -1664,7 +1705,7 @@ mod zkens {
     }
 
     impl Ensemble {
-        pub(crate) fn start(dir: &Path) -> io::Result<Ensemble> {
+        pub(crate) fn start(dir: &Path, offsets_ms: [i64; 3]) -> io::Result<Ensemble> {
             let mut ports = Vec::new();
             for _ in 0..3 {
                 ports.push((free_port()?, free_port()?, free_port()?));
@@ -1673,6 +1714,7 @@ mod zkens {
                 dir: dir.to_path_buf(),
                 ports,
                 children: vec![None, None, None],
+                offsets_ms,
             };
             for i in 0..3 {
                 e.spawn(i)?;
@@ -1720,6 +1762,20 @@ mod zkens {
                 .stdin(Stdio::null())
                 .stdout(log.try_clone()?)
                 .stderr(log);
+            // The member's wall clock (`System.currentTimeMillis`, which the JVM reads through
+            // libc's `clock_gettime`: the nodes' `ctime`, the tokens' floor) at its offset, by
+            // the clock shim `tests/common/clockstep.c`; monotonic time (sessions, ticks) is left
+            // alone. Not libfaketime, which `tests/common/zookeeper.rs` uses: under it this JVM
+            // runs several times slower (a restarted member took 10–28 s to serve again instead
+            // of 2–4 s, and a 60 s run made 11 grants).
+            if self.offsets_ms[i] != 0 {
+                // Not in the run directory itself, whose files the checker reads as logs.
+                let lib = clock_shim(&home)?;
+                let file = home.join("clock-offset");
+                std::fs::write(&file, (self.offsets_ms[i] * 1_000_000).to_ne_bytes())?;
+                cmd.env("LD_PRELOAD", lib)
+                    .env("DLOCK_CLOCK_OFFSET_FILE", file);
+            }
             self.children[i] = Some(spawn_tied(&mut cmd)?);
             Ok(())
         }
@@ -1984,7 +2040,10 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     #[cfg(feature = "zookeeper")]
     let zk = if cfg.zookeeper {
         // Formed before the clock starts: the JVMs take seconds.
-        Some(zkens::Ensemble::start(&cfg.dir)?)
+        Some(zkens::Ensemble::start(
+            &cfg.dir,
+            [0, 1, 2].map(|i| cfg.clock_offset_ms(i)),
+        )?)
     } else {
         None
     };
@@ -2020,13 +2079,14 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     }
     if cfg.verbose {
         eprintln!(
-            "torture: {} workers × {} tasks, mode {}, engine {}, ttl {} ms, nemesis {}, lock servers {:?}, resource :{}, logs in {}",
+            "torture: {} workers × {} tasks, mode {}, engine {}, ttl {} ms, nemesis {}, clock offsets {:?} ms, lock servers {:?}, resource :{}, logs in {}",
             cfg.workers,
             cfg.tasks,
             cfg.mode.as_str(),
             cfg.engine.as_str(),
             cfg.ttl_ms,
             cfg.nemesis,
+            cfg.clock_offsets_ms,
             co.nodes.iter().map(|n| n.port).collect::<Vec<_>>(),
             res_srv.port,
             cfg.dir.display()

@@ -7,6 +7,15 @@
 //! session ended by the server: `pg_terminate_backend`, MariaDB's `KILL`), the server stopped
 //! (SIGSTOP) for 30–80 % of the ttl, and a server restart (PostgreSQL: immediate shutdown;
 //! MariaDB: SIGKILL and crash recovery) after 0.5–1.5 s down.
+//!
+//! Clock offsets (`--clock-offsets-ms A,B,..`): the server starts with its wall clock at entry 0
+//! (the `LD_PRELOAD` shim `tests/common/clockstep.c`, which `clock_timestamp()` and
+//! `UTC_TIMESTAMP(6)` read through libc), and each restart moves it to the next entry (cycling),
+//! so the database clock steps forward or back across a restart while `last` survives on disk.
+//! A restart whose step is forward (`*_restart_clock_fwd`) ends leases early on the server's
+//! clock (rows granted before it expire that much sooner: S1 excludes wall-clock steps), so it is
+//! logged as a state-loss window (lease violations inside it are counted apart); a backward step
+//! (`*_restart_clock_back`) only makes leases look longer. Token order is checked everywhere.
 
 use super::*;
 
@@ -20,6 +29,77 @@ fn output(cmd: &mut Command) -> Option<String> {
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The server's wall clock across restarts: the offsets to cycle through and the shim.
+struct Clock {
+    offsets_ms: Vec<i64>,
+    /// Index of the offset the running server has.
+    at: usize,
+    /// Restarts so far: each gets an offset file of its own, so a running server's mapping is
+    /// never rewritten.
+    n: usize,
+}
+
+impl Clock {
+    fn new(offsets_ms: Vec<i64>) -> Clock {
+        Clock {
+            offsets_ms,
+            at: 0,
+            n: 0,
+        }
+    }
+
+    fn on(&self) -> bool {
+        self.offsets_ms.iter().any(|&o| o != 0)
+    }
+
+    fn now_ms(&self) -> i64 {
+        self.offsets_ms.get(self.at).copied().unwrap_or(0)
+    }
+
+    /// Moves to the next offset; returns `(old, new)`.
+    fn step(&mut self) -> (i64, i64) {
+        let old = self.now_ms();
+        if !self.offsets_ms.is_empty() {
+            self.at = (self.at + 1) % self.offsets_ms.len();
+        }
+        (old, self.now_ms())
+    }
+
+    /// The environment that runs a server process at the current offset (none when off).
+    fn env(&mut self, dir: &Path) -> io::Result<Vec<(String, String)>> {
+        if !self.on() {
+            return Ok(Vec::new());
+        }
+        let lib = clock_shim(dir)?;
+        self.n += 1;
+        let file = dir.join(format!("clock-offset-{}", self.n));
+        std::fs::write(&file, (self.now_ms() * 1_000_000).to_ne_bytes())?;
+        Ok(vec![
+            ("LD_PRELOAD".into(), lib.display().to_string()),
+            ("DLOCK_CLOCK_OFFSET_FILE".into(), file.display().to_string()),
+        ])
+    }
+}
+
+/// The host's wall clock, ms since the epoch (to report the server's measured offset).
+fn host_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// The restart fault's kind and whether it is a state-loss window, from the clock step.
+fn restart_kind(engine: &'static str, (old, new): (i64, i64)) -> (&'static str, bool) {
+    match (engine, new.cmp(&old)) {
+        ("pg", std::cmp::Ordering::Greater) => ("pg_restart_clock_fwd", true),
+        ("pg", std::cmp::Ordering::Less) => ("pg_restart_clock_back", false),
+        ("pg", _) => ("pg_restart", false),
+        (_, std::cmp::Ordering::Greater) => ("mysql_restart_clock_fwd", true),
+        (_, std::cmp::Ordering::Less) => ("mysql_restart_clock_back", false),
+        _ => ("mysql_restart", false),
+    }
 }
 
 /// Which of the two server faults, and for how long: `(stop, how long)`.
@@ -50,6 +130,7 @@ mod pg {
         uid: u32,
         gid: u32,
         child: Option<Child>,
+        clock: Clock,
     }
 
     fn pg_bin() -> io::Result<PathBuf> {
@@ -86,7 +167,7 @@ mod pg {
     }
 
     impl PgServer {
-        pub(crate) fn start(dir: &Path) -> io::Result<PgServer> {
+        pub(crate) fn start(dir: &Path, offsets_ms: Vec<i64>) -> io::Result<PgServer> {
             let (uid, gid) = postgres_user()?;
             let dir = dir.join("pg");
             std::fs::create_dir_all(&dir)?;
@@ -114,12 +195,16 @@ mod pg {
                 uid,
                 gid,
                 child: None,
+                clock: Clock::new(offsets_ms),
             };
             let mut last = None;
             for _ in 0..5 {
                 p.port = free_port()?;
                 match p.spawn_and_wait() {
-                    Ok(()) => return Ok(p),
+                    Ok(()) => {
+                        p.report_clock();
+                        return Ok(p);
+                    }
                     Err(e) => last = Some(e),
                 }
             }
@@ -138,6 +223,7 @@ mod pg {
                 .arg("-c")
                 .arg(format!("unix_socket_directories={}", self.dir.display()))
                 .args(["-c", "fsync=off", "-c", "max_connections=100"])
+                .envs(self.clock.env(&self.dir)?)
                 .uid(self.uid)
                 .gid(self.gid)
                 .stdin(Stdio::null())
@@ -221,6 +307,21 @@ mod pg {
             }
         }
 
+        /// Prints the server clock's measured offset from the host's (when offsets are on).
+        fn report_clock(&self) {
+            if !self.clock.on() {
+                return;
+            }
+            let server = self
+                .psql("SELECT (extract(epoch from clock_timestamp()) * 1000)::bigint")
+                .and_then(|v| v.trim().parse::<i64>().ok());
+            eprintln!(
+                "torture: postgres clock offset {} ms (asked {} ms)",
+                server.map_or("?".into(), |v| (v - host_ms()).to_string()),
+                self.clock.now_ms()
+            );
+        }
+
         fn psql(&self, sql: &str) -> Option<String> {
             output(
                 Command::new(self.bin.join("psql"))
@@ -269,9 +370,12 @@ mod pg {
                 Ok(("pg_stop_server", t, false))
             } else {
                 self.stop();
+                let step = self.clock.step();
                 std::thread::sleep(dur);
                 self.start_again()?;
-                Ok(("pg_restart", t, false))
+                self.report_clock();
+                let (kind, state_loss) = restart_kind("pg", step);
+                Ok((kind, t, state_loss))
             }
         }
     }
@@ -289,10 +393,11 @@ mod my {
         dir: PathBuf,
         port: u16,
         child: Option<Child>,
+        clock: Clock,
     }
 
     impl MyServer {
-        pub(crate) fn start(dir: &Path) -> io::Result<MyServer> {
+        pub(crate) fn start(dir: &Path, offsets_ms: Vec<i64>) -> io::Result<MyServer> {
             let dir = dir.join("maria");
             let tmp = dir.join("tmp");
             std::fs::create_dir_all(&tmp)?;
@@ -317,12 +422,16 @@ mod my {
                 dir,
                 port: 0,
                 child: None,
+                clock: Clock::new(offsets_ms),
             };
             let mut last = None;
             for _ in 0..5 {
                 p.port = free_port()?;
                 match p.spawn_and_wait() {
-                    Ok(()) => return Ok(p),
+                    Ok(()) => {
+                        p.report_clock();
+                        return Ok(p);
+                    }
                     Err(e) => last = Some(e),
                 }
             }
@@ -356,6 +465,7 @@ mod my {
                     "--max-connections=200",
                 ])
                 .arg(format!("--pid-file={}", self.dir.join("pid").display()))
+                .envs(self.clock.env(&self.dir)?)
                 .stdin(Stdio::null())
                 .stdout(f.try_clone()?)
                 .stderr(f);
@@ -381,6 +491,24 @@ mod my {
                 }
                 std::thread::sleep(Duration::from_millis(100));
             }
+        }
+
+        /// Prints the server clock's measured offset from the host's (when offsets are on).
+        fn report_clock(&self) {
+            if !self.clock.on() {
+                return;
+            }
+            let server = output(self.client().args([
+                "-N",
+                "-e",
+                "SELECT FLOOR(UNIX_TIMESTAMP(NOW(6)) * 1000)",
+            ]))
+            .and_then(|v| v.trim().parse::<i64>().ok());
+            eprintln!(
+                "torture: mariadb clock offset {} ms (asked {} ms)",
+                server.map_or("?".into(), |v| (v - host_ms()).to_string()),
+                self.clock.now_ms()
+            );
         }
 
         fn kill(&mut self) {
@@ -447,9 +575,12 @@ mod my {
                 Ok(("mysql_stop_server", t, false))
             } else {
                 self.kill();
+                let step = self.clock.step();
                 std::thread::sleep(dur);
                 self.start_again()?;
-                Ok(("mysql_restart", t, false))
+                self.report_clock();
+                let (kind, state_loss) = restart_kind("mysql", step);
+                Ok((kind, t, state_loss))
             }
         }
     }
