@@ -23,6 +23,7 @@ both_backends!(
     invalid_names_are_rejected_before_any_command,
     lua_shaped_names_work_and_touch_no_other_keys,
     dropped_guard_releases_in_the_background,
+    a_dropped_guard_is_free_for_the_next_line_in_this_process,
     tokens_strictly_increase_across_acquisitions,
     lost_never_fires_after_a_clean_release_or_drop,
     reentering_a_lost_hold_is_lost_and_leaves_no_grant,
@@ -638,6 +639,41 @@ async fn dropped_guard_releases_in_the_background(env: Env) {
         })
         .await,
         "the lock was not released after the guard was dropped"
+    );
+}
+
+/// Issue 20 (newcomer review 8): `drop(guard)` then, on the next line, a single try
+/// (`wait = 0`) of the same name in the same process gets the lock, as with a `MutexGuard`: the
+/// acquisition first waits for this process's own background give-back (bounded). Before, the
+/// try reached the server ahead of the give-back and was `Busy { retry_after: 30s }`. A guard
+/// dropped by another process is not waited for (that one is a plain busy).
+async fn a_dropped_guard_is_free_for_the_next_line_in_this_process(env: Env) {
+    for round in 0..20 {
+        let g = env
+            .lock("drop-then-try")
+            .ttl(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        drop(g);
+        let next = env
+            .lock("drop-then-try")
+            .ttl(Duration::from_secs(30))
+            .wait(Duration::ZERO)
+            .acquire()
+            .await;
+        match next {
+            Ok(g) => drop(g),
+            Err(e) => panic!("round {round}: the dropped guard's lock was not free: {e:?}"),
+        }
+    }
+    // The last drop is given back too.
+    assert!(
+        common::eventually(Duration::from_secs(2), || async {
+            !env.is_locked("drop-then-try").await
+        })
+        .await,
+        "the last dropped guard was not given back"
     );
 }
 
