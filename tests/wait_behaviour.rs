@@ -346,7 +346,7 @@ async fn a_thousand_timed_out_waits_leave_no_task_waiter_or_server_state(env: En
                 .expect("the holder takes every name"),
         );
     }
-    let round = || {
+    let round = |check: bool| {
         let (other, names) = (other.clone(), names.clone());
         async move {
             let rs = futures_util::future::join_all(names.iter().map(|n| {
@@ -370,7 +370,7 @@ async fn a_thousand_timed_out_waits_leave_no_task_waiter_or_server_state(env: En
                 }
             }
             assert!(
-                timed_out * 4 >= rs.len(),
+                !check || timed_out * 4 >= rs.len(),
                 "{timed_out} of {} timed out; the others got no answer: {no_answer:?}",
                 rs.len()
             );
@@ -381,13 +381,14 @@ async fn a_thousand_timed_out_waits_leave_no_task_waiter_or_server_state(env: En
             .metrics()
             .num_alive_tasks()
     };
-    // Warm-up (connections, subscriptions' own tasks), then count.
-    round().await;
+    // Warm-up (connections, subscriptions' own tasks; a pool's first connections may take
+    // longer than the wait), then count.
+    round(false).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let before = tasks();
     let started = Instant::now();
     for _ in 0..40 {
-        round().await;
+        round(true).await;
     }
     let took = started.elapsed();
     let settled = common::eventually(Duration::from_secs(10), || async {
