@@ -610,6 +610,21 @@ fn backend_works_across_runtimes(make: MakeEnv, registered: &'static str) {
     drop(env);
 }
 
+/// Each case `(URL parameter, builder table, words)`: connecting a builder on the URL with that
+/// parameter (and that `table(..)`) is a `Config` error whose message contains the words.
+async fn url_config_errors<F, Fut>(cases: &[(&str, Option<&str>, &str)], connect: F)
+where
+    F: Fn(&str, Option<&str>) -> Fut,
+    Fut: std::future::Future<Output = Result<(), LockError>>,
+{
+    for (kv, table, says) in cases {
+        match connect(kv, *table).await {
+            Err(LockError::Config(m)) => assert!(m.contains(says), "{kv}: {m}"),
+            other => panic!("{kv}: expected a Config error, got {other:?}"),
+        }
+    }
+}
+
 #[cfg(feature = "postgres")]
 mod on_postgres {
     use super::*;
@@ -660,20 +675,19 @@ mod on_postgres {
         );
         g.release().await.unwrap();
 
-        for (kv, builder_table, says) in [
+        let cases = [
             ("dlock_tabel=x", None, "dlock_tabel"),
             ("dlock_mode=sideways", None, "sideways"),
             ("dlock_table=one", Some("two"), "named twice"),
-        ] {
+        ];
+        super::url_config_errors(&cases, |kv, table| {
             let mut bld = dlock::PostgresBackend::builder(&with(kv));
-            if let Some(t) = builder_table {
+            if let Some(t) = table {
                 bld = bld.table(t);
             }
-            match bld.connect().await {
-                Err(LockError::Config(m)) => assert!(m.contains(says), "{kv}: {m}"),
-                other => panic!("{kv}: expected a Config error, got {other:?}"),
-            }
-        }
+            async move { bld.connect().await.map(|_| ()) }
+        })
+        .await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2565,20 +2579,19 @@ mod on_mysql {
             .unwrap();
         assert!(env.my_is_locked("url-param").await, "the row is in {table}");
         g.release().await.unwrap();
-        for (kv, builder_table, says) in [
+        let cases = [
             ("dlock_mode=advisory", None, "advisory"),
             ("dlock_table=one", Some("two"), "named twice"),
             ("dlock_tabel=x", None, "dlock_tabel"),
-        ] {
+        ];
+        super::url_config_errors(&cases, |kv, table| {
             let mut bld = dlock::MysqlBackend::builder(&with(kv));
-            if let Some(t) = builder_table {
+            if let Some(t) = table {
                 bld = bld.table(t);
             }
-            match bld.connect().await {
-                Err(LockError::Config(m)) => assert!(m.contains(says), "{kv}: {m}"),
-                other => panic!("{kv}: expected a Config error, got {other:?}"),
-            }
-        }
+            async move { bld.connect().await.map(|_| ()) }
+        })
+        .await;
     }
 
     /// A caller's pool on the test server whose connections run `setup` first (again after each

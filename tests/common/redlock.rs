@@ -115,11 +115,7 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    RedlockBackend::builder(urls)
-        .restart_delay(Duration::ZERO)
-        .connect()
-        .await
-        .expect("connect Redlock to the private redis-servers")
+    connect_with_node_timeout(urls, None).await
 }
 
 /// As [`connect_now`], with a 250 ms node timeout instead of the default 50 ms: the shared
@@ -131,10 +127,19 @@ where
     I: IntoIterator<Item = S>,
     S: AsRef<str>,
 {
-    RedlockBackend::builder(urls)
-        .restart_delay(Duration::ZERO)
-        .node_timeout(Duration::from_millis(250))
-        .connect()
+    connect_with_node_timeout(urls, Some(Duration::from_millis(250))).await
+}
+
+async fn connect_with_node_timeout<I, S>(urls: I, node_timeout: Option<Duration>) -> RedlockBackend
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<str>,
+{
+    let mut b = RedlockBackend::builder(urls).restart_delay(Duration::ZERO);
+    if let Some(t) = node_timeout {
+        b = b.node_timeout(t);
+    }
+    b.connect()
         .await
         .expect("connect Redlock to the private redis-servers")
 }
