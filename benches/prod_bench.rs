@@ -170,7 +170,7 @@ fn metrics_bench(rt: &tokio::runtime::Runtime) {
         println!("Prometheus / none: {:.3}", median(ratio));
         if only != "none" {
             let rendered = recorder.handle().render();
-            assert!(rendered.contains("dlock_acquisitions_total"), "{rendered}");
+            assert!(rendered.contains("dlock_acquire_total"), "{rendered}");
         }
     }
     #[cfg(not(feature = "metrics"))]

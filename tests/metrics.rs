@@ -1,23 +1,26 @@
 //! The `metrics` feature with a recording sink (metrics-util's `DebuggingRecorder`): every
-//! documented metric moves when it should, labels are the backend and the template / function
-//! name, never the rendered key, and the histograms are described in seconds.
+//! documented metric moves when it should, each acquire call is counted once in
+//! `dlock_acquire_total` with the `result` (and for errors the `kind`) it ended with, each loss in
+//! `dlock_lost_total` with its `reason`; labels are the backend, the template / function name and
+//! those fixed values, never the rendered key, and the histograms are described in seconds.
 //!
 //! One test function: the recorder is process-global.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics::Unit;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 
+type Labels = BTreeMap<String, String>;
+
 /// Accumulates the recorder's snapshots (which reset counters, gauges and histograms).
 struct Sink {
     snap: Snapshotter,
-    /// (name, backend, lock) -> counter / gauge sum, or histogram sample count.
-    values: Mutex<HashMap<(String, String, String), f64>>,
+    /// (name, labels) -> counter / gauge sum, or histogram sample count.
+    values: Mutex<HashMap<(String, Labels), f64>>,
     units: Mutex<HashMap<String, Option<Unit>>>,
-    label_values: Mutex<Vec<String>>,
 }
 
 impl Sink {
@@ -25,39 +28,103 @@ impl Sink {
         let mut values = self.values.lock().unwrap();
         for (ck, unit, _desc, v) in self.snap.snapshot().into_vec() {
             let key = ck.key();
-            let label = |n: &str| {
-                key.labels()
-                    .find(|l| l.key() == n)
-                    .map(|l| l.value().to_string())
-                    .unwrap_or_default()
-            };
-            self.label_values
-                .lock()
-                .unwrap()
-                .extend(key.labels().map(|l| l.value().to_string()));
+            let labels: Labels = key
+                .labels()
+                .map(|l| (l.key().to_string(), l.value().to_string()))
+                .collect();
             self.units
                 .lock()
                 .unwrap()
                 .insert(key.name().to_string(), unit);
-            let k = (key.name().to_string(), label("backend"), label("lock"));
             let add = match v {
                 DebugValue::Counter(c) => c as f64,
                 DebugValue::Gauge(g) => g.into_inner(),
                 DebugValue::Histogram(h) => h.len() as f64,
             };
-            *values.entry(k).or_default() += add;
+            *values.entry((key.name().to_string(), labels)).or_default() += add;
         }
     }
 
-    fn get(&self, name: &str, lock: &str) -> f64 {
+    /// The sum over the series of `name` whose labels include all of `want`.
+    fn sum(&self, name: &str, want: &[(&str, &str)]) -> f64 {
         self.take();
-        *self
-            .values
+        self.values
             .lock()
             .unwrap()
-            .get(&(name.to_string(), "default".to_string(), lock.to_string()))
-            .unwrap_or(&0.0)
+            .iter()
+            .filter(|((n, l), _)| {
+                n == name
+                    && want
+                        .iter()
+                        .all(|(k, v)| l.get(*k).map(String::as_str) == Some(v))
+            })
+            .map(|(_, v)| v)
+            .sum()
     }
+
+    /// On the default backend, for `lock`, with `extra` labels.
+    fn get_with(&self, name: &str, lock: &str, extra: &[(&str, &str)]) -> f64 {
+        let mut want = vec![("backend", "default"), ("lock", lock)];
+        want.extend_from_slice(extra);
+        self.sum(name, &want)
+    }
+
+    fn get(&self, name: &str, lock: &str) -> f64 {
+        self.get_with(name, lock, &[])
+    }
+
+    /// `dlock_acquire_total{result}` on the default backend.
+    fn result(&self, lock: &str, result: &str) -> f64 {
+        self.get_with("dlock_acquire_total", lock, &[("result", result)])
+    }
+
+    /// `dlock_acquire_total{result="error", kind}` on `backend`.
+    fn error(&self, backend: &str, lock: &str, kind: &str) -> f64 {
+        self.sum(
+            "dlock_acquire_total",
+            &[
+                ("backend", backend),
+                ("lock", lock),
+                ("result", "error"),
+                ("kind", kind),
+            ],
+        )
+    }
+
+    /// `dlock_lost_total{reason}` on `backend`.
+    fn lost(&self, backend: &str, lock: &str, reason: &str) -> f64 {
+        self.sum(
+            "dlock_lost_total",
+            &[("backend", backend), ("lock", lock), ("reason", reason)],
+        )
+    }
+
+    /// The label sets of `name`'s series for `lock`, without `backend` and `lock`.
+    fn series(&self, name: &str, lock: &str) -> HashSet<Vec<(String, String)>> {
+        self.take();
+        self.values
+            .lock()
+            .unwrap()
+            .keys()
+            .filter(|(n, l)| n == name && l.get("lock").map(String::as_str) == Some(lock))
+            .map(|(_, l)| {
+                l.iter()
+                    .filter(|(k, _)| *k != "backend" && *k != "lock")
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            })
+            .collect()
+    }
+}
+
+fn set(v: &[&[(&str, &str)]]) -> HashSet<Vec<(String, String)>> {
+    v.iter()
+        .map(|l| {
+            l.iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .collect()
 }
 
 #[dlock::distributed_lock(key = "metrics-fn:{id}", ttl = "5s")]
@@ -75,6 +142,68 @@ async fn skipped_with_unknown_policy() {
     panic!("the body ran without its lock");
 }
 
+/// A ttl over `Lock::MAX_DURATION` compiles, and fails at every call.
+#[dlock::distributed_lock(key = "metrics-cap", ttl = "400d", on_busy = "skip")]
+async fn ttl_over_the_cap() {
+    panic!("the body ran without its lock");
+}
+
+/// A backend whose server is down: every try fails.
+#[derive(Debug, Default)]
+struct Down(dlock::MemoryBackend);
+
+impl dlock::Backend for Down {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        _owner: &'a str,
+        _ttl: Duration,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Acquired, dlock::LockError>> {
+        Box::pin(async move {
+            Err(dlock::LockError::Backend {
+                key: name.to_string(),
+                source: "connection refused".into(),
+            })
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Released, dlock::LockError>> {
+        self.0.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, dlock::LockError>> {
+        self.0.extend(name, owner, ttl)
+    }
+    fn watch<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Watch, dlock::LockError>> {
+        self.0.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.0.has_waiters(name)
+    }
+}
+
+const ERROR_KINDS: [&str; 6] = [
+    "backend",
+    "config",
+    "invalid_key",
+    "unknown_backend",
+    "unknown_policy",
+    "lost",
+];
+const LOST_REASONS: [&str; 3] = ["deadline", "not_owner", "max_hold"];
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_metric_moves_when_it_should() {
     let recorder = DebuggingRecorder::new();
@@ -82,7 +211,6 @@ async fn every_metric_moves_when_it_should() {
         snap: recorder.snapshotter(),
         values: Mutex::default(),
         units: Mutex::default(),
-        label_values: Mutex::default(),
     };
     recorder
         .install()
@@ -94,12 +222,41 @@ async fn every_metric_moves_when_it_should() {
         .acquire()
         .await
         .unwrap();
-    assert_eq!(sink.get("dlock_acquisitions_total", "m_acq"), 1.0);
+    assert_eq!(sink.result("m_acq", "acquired"), 1.0);
+    assert_eq!(
+        sink.get("dlock_acquire_total", "m_acq"),
+        1.0,
+        "counted once"
+    );
     assert_eq!(sink.get("dlock_acquire_seconds", "m_acq"), 1.0);
     assert_eq!(sink.get("dlock_held", "m_acq"), 1.0);
     assert_eq!(sink.get("dlock_hold_seconds", "m_acq"), 0.0);
     // Without waiting allowed, no wait time.
     assert_eq!(sink.get("dlock_wait_seconds", "m_acq"), 0.0);
+    // Every result, error kind and lost reason is registered (at 0) with the first use, so that
+    // `rate()` sees the first event; each is one series of one counter.
+    let mut results: Vec<Vec<(&str, &str)>> = ["acquired", "busy", "timed_out"]
+        .iter()
+        .map(|r| vec![("result", *r)])
+        .collect();
+    results.extend(
+        ERROR_KINDS
+            .iter()
+            .map(|k| vec![("kind", *k), ("result", "error")]),
+    );
+    let results: Vec<&[(&str, &str)]> = results.iter().map(Vec::as_slice).collect();
+    assert_eq!(
+        sink.series("dlock_acquire_total", "m_acq"),
+        set(&results),
+        "the series of dlock_acquire_total"
+    );
+    let reasons: Vec<[(&str, &str); 1]> = LOST_REASONS.iter().map(|r| [("reason", *r)]).collect();
+    let reasons: Vec<&[(&str, &str)]> = reasons.iter().map(|r| r.as_slice()).collect();
+    assert_eq!(
+        sink.series("dlock_lost_total", "m_acq"),
+        set(&reasons),
+        "the series of dlock_lost_total"
+    );
 
     // Busy (no wait) and timed out (waited).
     let busy = dlock::Lock::new("metrics:a")
@@ -108,8 +265,12 @@ async fn every_metric_moves_when_it_should() {
         .await
         .unwrap_err();
     assert!(matches!(busy, dlock::LockError::Busy { .. }));
-    assert_eq!(sink.get("dlock_busy_total", "m_busy"), 1.0);
-    assert_eq!(sink.get("dlock_acquisitions_total", "m_busy"), 0.0);
+    assert_eq!(sink.result("m_busy", "busy"), 1.0);
+    assert_eq!(
+        sink.get("dlock_acquire_total", "m_busy"),
+        1.0,
+        "counted once"
+    );
     let timed_out = dlock::Lock::new("metrics:a")
         .metric_name("m_wait")
         .wait(Duration::from_millis(50))
@@ -117,9 +278,13 @@ async fn every_metric_moves_when_it_should() {
         .await
         .unwrap_err();
     assert!(matches!(timed_out, dlock::LockError::TimedOut { .. }));
-    assert_eq!(sink.get("dlock_timed_out_total", "m_wait"), 1.0);
+    assert_eq!(sink.result("m_wait", "timed_out"), 1.0);
+    assert_eq!(
+        sink.get("dlock_acquire_total", "m_wait"),
+        1.0,
+        "counted once"
+    );
     assert_eq!(sink.get("dlock_wait_seconds", "m_wait"), 1.0);
-    assert_eq!(sink.get("dlock_busy_total", "m_wait"), 0.0);
 
     g.release().await.unwrap();
     assert_eq!(sink.get("dlock_held", "m_acq"), 0.0);
@@ -132,12 +297,13 @@ async fn every_metric_moves_when_it_should() {
         .acquire()
         .await
         .unwrap();
+    assert_eq!(sink.result("m_wait", "acquired"), 1.0);
     assert_eq!(sink.get("dlock_wait_seconds", "m_wait"), 2.0);
     drop(g); // a dropped guard ends its hold too
     assert_eq!(sink.get("dlock_held", "m_wait"), 0.0);
     assert_eq!(sink.get("dlock_hold_seconds", "m_wait"), 1.0);
 
-    // Errors other than busy: an unknown backend (label "nowhere"), an invalid name.
+    // Errors, each once, with its kind. An unknown backend (labelled with the name asked for):
     let e = dlock::Lock::new("metrics:b")
         .backend("nowhere")
         .metric_name("m_err")
@@ -145,31 +311,105 @@ async fn every_metric_moves_when_it_should() {
         .await
         .unwrap_err();
     assert!(matches!(e, dlock::LockError::UnknownBackend { .. }));
-    sink.take();
+    assert_eq!(sink.error("nowhere", "m_err", "unknown_backend"), 1.0);
     assert_eq!(
-        sink.values.lock().unwrap().get(&(
-            "dlock_errors_total".into(),
-            "nowhere".into(),
-            "m_err".into()
-        )),
-        Some(&1.0)
+        sink.sum("dlock_acquire_total", &[("backend", "nowhere")]),
+        1.0
     );
-    let _ = dlock::Lock::new("").metric_name("m_err").acquire().await;
-    assert_eq!(sink.get("dlock_errors_total", "m_err"), 1.0);
+    // an invalid name:
+    let e = dlock::Lock::new("")
+        .metric_name("m_err")
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock::LockError::InvalidKey { .. }));
+    assert_eq!(sink.error("default", "m_err", "invalid_key"), 1.0);
+    assert_eq!(sink.get("dlock_acquire_total", "m_err"), 1.0);
+    // configuration errors: a zero ttl, and a ttl over the cap (was not counted at all):
+    let e = dlock::Lock::new("metrics:b")
+        .metric_name("m_cfg")
+        .ttl(Duration::ZERO)
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock::LockError::Config(_)), "{e:?}");
+    assert_eq!(sink.error("default", "m_cfg", "config"), 1.0);
+    let e = dlock::Lock::new("metrics:b")
+        .metric_name("m_cap")
+        .ttl(dlock::Lock::MAX_DURATION + Duration::from_secs(1))
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, dlock::LockError::Config(_)), "{e:?}");
+    assert_eq!(
+        sink.error("default", "m_cap", "config"),
+        1.0,
+        "ttl over the cap"
+    );
+    assert_eq!(sink.get("dlock_acquire_total", "m_cap"), 1.0);
+    // the backend failing:
+    dlock::register("metrics-down", Down::default());
+    let e = dlock::Lock::new("metrics:b")
+        .backend("metrics-down")
+        .metric_name("m_down")
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(e.is_backend(), "{e:?}");
+    assert_eq!(sink.error("metrics-down", "m_down", "backend"), 1.0);
+    assert_eq!(
+        sink.sum("dlock_acquire_total", &[("lock", "m_down")]),
+        1.0,
+        "counted once"
+    );
+    // an unknown policy of the attribute: before, it failed before any label existed.
+    skipped_with_unknown_policy().await;
+    assert_eq!(
+        sink.error("default", "skipped_with_unknown_policy", "unknown_policy"),
+        1.0
+    );
+    assert_eq!(
+        sink.get("dlock_acquire_total", "skipped_with_unknown_policy"),
+        1.0
+    );
+    ttl_over_the_cap().await;
+    assert_eq!(sink.error("default", "ttl_over_the_cap", "config"), 1.0);
+    assert_eq!(sink.get("dlock_acquire_total", "ttl_over_the_cap"), 1.0);
 
-    // A lost lease: counted once, and the hold ends (gauge back to 0) before the guard is gone.
+    // A lease lost by its deadline: counted once with its reason, and the hold ends (gauge back
+    // to 0) before the guard is gone.
     let g = dlock::Lock::new("metrics:c")
         .metric_name("m_lost")
-        .ttl(Duration::from_millis(100))
+        .ttl(Duration::from_millis(300))
         .watchdog(false)
         .acquire()
         .await
         .unwrap();
-    assert_eq!(sink.get("dlock_held", "m_lost"), 1.0);
-    tokio::time::timeout(Duration::from_secs(5), g.lost())
+    let held = sink.get("dlock_held", "m_lost");
+    if g.lost_reason().is_none() {
+        // (On a machine so loaded that the lease already ran out, the gauge is 0 already.)
+        assert_eq!(held, 1.0);
+    }
+    let lost = g.lost();
+    // A re-entry into the lost lease fails with `Lost`: an error of kind "lost".
+    let reentry = g
+        .scope(async {
+            tokio::time::timeout(Duration::from_secs(5), lost)
+                .await
+                .expect("lease not lost");
+            dlock::Lock::new("metrics:c")
+                .metric_name("m_reenter")
+                .acquire()
+                .await
+        })
         .await
-        .expect("lease not lost");
-    assert_eq!(sink.get("dlock_lost_total", "m_lost"), 1.0);
+        .unwrap_err();
+    assert!(reentry.is_lost(), "{reentry:?}");
+    assert_eq!(sink.error("default", "m_reenter", "lost"), 1.0);
+    assert_eq!(sink.get("dlock_acquire_total", "m_reenter"), 1.0);
+    assert_eq!(g.lost_reason(), Some(dlock::LostReason::Deadline));
+    assert_eq!(sink.lost("default", "m_lost", "deadline"), 1.0);
+    assert_eq!(sink.get("dlock_lost_total", "m_lost"), 1.0, "one reason");
     assert_eq!(sink.get("dlock_held", "m_lost"), 0.0);
     assert_eq!(sink.get("dlock_hold_seconds", "m_lost"), 1.0);
     drop(g);
@@ -177,10 +417,48 @@ async fn every_metric_moves_when_it_should() {
     assert_eq!(sink.get("dlock_hold_seconds", "m_lost"), 1.0);
     assert_eq!(sink.get("dlock_lost_total", "m_lost"), 1.0);
 
+    // Lost to another owner: deleted behind the holder's back, its next renewal (here an
+    // extend, well before the lease's deadline) finds out.
+    let mem = Arc::new(dlock::MemoryBackend::new());
+    let g = dlock::Lock::new("metrics:taken")
+        .with_backend(mem.clone())
+        .metric_name("m_taken")
+        .ttl(Duration::from_secs(30))
+        .acquire()
+        .await
+        .unwrap();
+    assert!(mem.force_delete("metrics:taken"));
+    let e = g.extend(Duration::from_secs(30)).await.unwrap_err();
+    assert!(e.is_lost(), "{e:?}");
+    assert_eq!(g.lost_reason(), Some(dlock::LostReason::NotOwner));
+    assert_eq!(sink.lost("direct", "m_taken", "not_owner"), 1.0);
+    assert_eq!(
+        sink.sum("dlock_lost_total", &[("lock", "m_taken")]),
+        1.0,
+        "one reason"
+    );
+    drop(g);
+
+    // Lost at `max_hold`: the watchdog stops renewing and the lease runs out.
+    let g = dlock::Lock::new("metrics:capped")
+        .metric_name("m_capped")
+        .ttl(Duration::from_millis(150))
+        .max_hold(Duration::from_millis(50))
+        .acquire()
+        .await
+        .unwrap();
+    let reason = tokio::time::timeout(Duration::from_secs(5), g.lost())
+        .await
+        .expect("lease not lost");
+    assert_eq!(reason, dlock::LostReason::MaxHold);
+    assert_eq!(sink.lost("default", "m_capped", "max_hold"), 1.0);
+    assert_eq!(sink.get("dlock_lost_total", "m_capped"), 1.0, "one reason");
+    drop(g);
+
     // The attribute labels with the function's name; a default Lock with "manual".
     assert_eq!(annotated(7).await.unwrap(), 7);
     assert_eq!(annotated(8).await.unwrap(), 8);
-    assert_eq!(sink.get("dlock_acquisitions_total", "annotated"), 2.0);
+    assert_eq!(sink.result("annotated", "acquired"), 2.0);
     assert_eq!(sink.get("dlock_held", "annotated"), 0.0);
     dlock::Lock::new("metrics:d")
         .acquire()
@@ -189,25 +467,41 @@ async fn every_metric_moves_when_it_should() {
         .release()
         .await
         .unwrap();
-    assert_eq!(sink.get("dlock_acquisitions_total", "manual"), 1.0);
+    assert_eq!(sink.result("manual", "acquired"), 1.0);
 
-    // A configuration failure of the attribute (an unknown policy) counts as an error, like an
-    // unknown backend: before, it failed before any label existed and no counter moved.
-    skipped_with_unknown_policy().await;
-    assert_eq!(
-        sink.get("dlock_errors_total", "skipped_with_unknown_policy"),
-        1.0
-    );
-
-    // Rendered keys never become label values.
+    // Label values: rendered keys never, and `result`, `kind` and `reason` only from their sets.
     sink.take();
-    let labels = sink.label_values.lock().unwrap().clone();
-    assert!(
-        labels
-            .iter()
-            .all(|v| !v.contains("metrics:") && !v.contains("metrics-fn")),
-        "{labels:?}"
-    );
+    let series: Vec<(String, Labels)> = sink.values.lock().unwrap().keys().cloned().collect();
+    for (name, labels) in &series {
+        assert!(
+            labels
+                .values()
+                .all(|v| !v.contains("metrics:") && !v.contains("metrics-fn")),
+            "{name} {labels:?}"
+        );
+        let allowed: &[&str] = &["backend", "lock", "result", "kind", "reason"];
+        assert!(
+            labels.keys().all(|k| allowed.contains(&k.as_str())),
+            "{name} {labels:?}"
+        );
+        if let Some(r) = labels.get("result") {
+            assert!(
+                ["acquired", "busy", "timed_out", "error"].contains(&r.as_str()),
+                "{name} {labels:?}"
+            );
+            assert_eq!(
+                r == "error",
+                labels.contains_key("kind"),
+                "{name} {labels:?}"
+            );
+        }
+        if let Some(k) = labels.get("kind") {
+            assert!(ERROR_KINDS.contains(&k.as_str()), "{name} {labels:?}");
+        }
+        if let Some(r) = labels.get("reason") {
+            assert!(LOST_REASONS.contains(&r.as_str()), "{name} {labels:?}");
+        }
+    }
     // Described once, histograms in seconds.
     let units = sink.units.lock().unwrap().clone();
     for h in [

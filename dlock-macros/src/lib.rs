@@ -58,7 +58,8 @@ use proc_macro::TokenStream;
 ///
 /// * `on_busy = "error"`: a busy or timed-out lock (and any other acquire error) is returned
 ///   converted with `From`, so the return type must be `Result<T, E>` with
-///   `E: From<dlock::LockError>`.
+///   `E: From<dlock::LockError>` (an alias of one too); any other return type is a compile error
+///   at the return type that says so.
 /// * `on_busy = "skip"`: the body does not run and the function returns `()` or `None`; the
 ///   return type must be `()` or `Option<T>`. A busy lock is a `debug` event, any other error an
 ///   `error` event.

@@ -139,9 +139,10 @@ impl Hold {
                 late_ms = late.as_millis() as u64,
                 "dlock: lease lost"
             );
+            // Counted before the signal, so that whoever hears `lost()` sees the count too.
+            self.metric.lost(self.acquired_at, reason);
             self.lost.cancel();
             self.stop.cancel();
-            self.metric.lost(self.acquired_at);
             // A hold kept alive by a session or a lease shared with other holds (ZooKeeper,
             // etcd, advisory mode) never ends by itself: once its guard can no longer vouch for
             // it (its deadline or `max_hold` passed), give it back, or code that hangs would hold

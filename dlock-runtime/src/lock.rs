@@ -188,11 +188,11 @@ impl Lock {
             if let Some(d) = d
                 && d > Self::MAX_DURATION
             {
-                return Err(LockError::Config(format!(
+                return Err(counted(LockError::Config(format!(
                     "lock `{}`: {what} {d:?} is above the cap of {:?}",
                     self.name,
                     Self::MAX_DURATION
-                )));
+                ))));
             }
         }
         let backend = match &self.backend {
@@ -208,7 +208,7 @@ impl Lock {
         {
             // Re-entering a lease that is already lost would hand out a guard for a lock this
             // chain no longer holds.
-            return Err(p.lost_error());
+            return Err(counted(p.lost_error()));
         }
         let owner = match &parent {
             Some(h) => h.owner.clone(),

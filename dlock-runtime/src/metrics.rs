@@ -4,11 +4,8 @@
 //!
 //! | name | kind | when |
 //! |---|---|---|
-//! | `dlock_acquisitions_total` | counter | a lock was acquired (re-entries included) |
-//! | `dlock_busy_total` | counter | an acquisition without waiting found the lock held |
-//! | `dlock_timed_out_total` | counter | an acquisition waited and its `wait` ran out |
-//! | `dlock_lost_total` | counter | a held lease was lost (deadline, another owner, `max_hold`) |
-//! | `dlock_errors_total` | counter | an acquisition failed otherwise (backend, config, invalid name) |
+//! | `dlock_acquire_total` | counter | each acquire call, once, by its `result`: `acquired` (re-entries included), `busy` (no wait allowed, lock held), `timed_out` (the `wait` ran out), `error` (with a `kind`) |
+//! | `dlock_lost_total` | counter | a held lease was lost, by `reason`: `deadline`, `not_owner`, `max_hold` |
 //! | `dlock_acquire_seconds` | histogram | duration of each successful acquisition call |
 //! | `dlock_wait_seconds` | histogram | for acquisitions allowed to wait (`wait > 0`): call to grant or time-out |
 //! | `dlock_hold_seconds` | histogram | acquisition to release, drop or loss of a lease (outermost holds) |
@@ -17,13 +14,17 @@
 //! Labels: `backend` (the registered backend's name, `"direct"` for [`crate::Lock::with_backend`])
 //! and `lock`: the function's name for `#[distributed_lock]`, [`crate::Lock::metric_name`] for the
 //! manual API (default `"manual"`), the layer's [`metric_name`](crate::web::LockLayer::metric_name)
-//! (default `"http_layer"`). Never the rendered key: its cardinality is unbounded.
+//! (default `"http_layer"`). Never the rendered key: its cardinality is unbounded. The other
+//! labels take fixed values only: `result`, `kind` (the [`LockError`] variant in snake_case,
+//! [`error_kind`]) and `reason` (the [`crate::LostReason`] in snake_case, [`lost_reason`]). Every
+//! value an acquisition can produce is registered at 0 with the first use of a (backend, lock)
+//! pair, so `rate()` sees the first event.
 
 #![cfg_attr(not(feature = "metrics"), allow(dead_code, unused_variables))]
 
 use tokio::time::Instant;
 
-use crate::LockError;
+use crate::{LockError, LostReason};
 
 /// The `lock` label of a [`crate::Lock`] that was not given a metric name.
 pub(crate) const DEFAULT_METRIC_NAME: &str = "manual";
@@ -40,11 +41,15 @@ pub(crate) struct Labels {
 #[cfg(feature = "metrics")]
 #[derive(Debug)]
 struct Handles {
-    acquisitions: metrics::Counter,
+    backend: String,
+    lock: String,
+    acquired: metrics::Counter,
     busy: metrics::Counter,
     timed_out: metrics::Counter,
-    lost: metrics::Counter,
-    errors: metrics::Counter,
+    /// `result="error"`, one per kind of [`ACQUIRE_ERROR_KINDS`], in that order.
+    errors: [metrics::Counter; ACQUIRE_ERROR_KINDS.len()],
+    /// One per reason of [`LOST_REASONS`], in that order.
+    lost: [metrics::Counter; LOST_REASONS.len()],
     acquire: metrics::Histogram,
     wait: metrics::Histogram,
     hold: metrics::Histogram,
@@ -66,20 +71,105 @@ type Cache = std::collections::HashMap<
 static CACHE: std::sync::LazyLock<std::sync::RwLock<(usize, Cache)>> =
     std::sync::LazyLock::new(Default::default);
 
+/// The `kind` label of an error: its [`LockError`] variant in snake_case. A fixed set of values,
+/// never a message or a key.
+pub(crate) fn error_kind(e: &LockError) -> &'static str {
+    match e {
+        LockError::Busy { .. } => "busy",
+        LockError::TimedOut { .. } => "timed_out",
+        LockError::Lost { .. } => "lost",
+        LockError::NotOwner { .. } => "not_owner",
+        LockError::UnknownBackend { .. } => "unknown_backend",
+        LockError::UnknownPolicy { .. } => "unknown_policy",
+        LockError::InvalidKey { .. } => "invalid_key",
+        LockError::Config(_) => "config",
+        LockError::Backend { .. } => "backend",
+    }
+}
+
+/// The `reason` label of `dlock_lost_total`: the [`LostReason`] in snake_case.
+pub(crate) fn lost_reason(r: LostReason) -> &'static str {
+    match r {
+        LostReason::Deadline => "deadline",
+        LostReason::NotOwner => "not_owner",
+        LostReason::MaxHold => "max_hold",
+    }
+}
+
+/// The error kinds an acquire call can end with, registered at 0 up front (busy and timed-out
+/// calls are results of their own; any other kind is registered at its first use).
+const ACQUIRE_ERROR_KINDS: [&str; 6] = [
+    "backend",
+    "config",
+    "invalid_key",
+    "unknown_backend",
+    "unknown_policy",
+    "lost",
+];
+
+/// Every [`LostReason`], at its [`lost_index`].
+const LOST_REASONS: [LostReason; 3] = [
+    LostReason::Deadline,
+    LostReason::NotOwner,
+    LostReason::MaxHold,
+];
+
+fn lost_index(r: LostReason) -> usize {
+    match r {
+        LostReason::Deadline => 0,
+        LostReason::NotOwner => 1,
+        LostReason::MaxHold => 2,
+    }
+}
+
 #[cfg(feature = "metrics")]
 fn register(backend: &str, lock: &str) -> Handles {
     describe();
     let l = [("backend", backend.to_string()), ("lock", lock.to_string())];
+    let result = |r: &'static str| {
+        let [b, k] = l.clone();
+        metrics::counter!("dlock_acquire_total", &[b, k, ("result", r.to_string())])
+    };
     Handles {
-        acquisitions: metrics::counter!("dlock_acquisitions_total", &l),
-        busy: metrics::counter!("dlock_busy_total", &l),
-        timed_out: metrics::counter!("dlock_timed_out_total", &l),
-        lost: metrics::counter!("dlock_lost_total", &l),
-        errors: metrics::counter!("dlock_errors_total", &l),
+        backend: backend.to_string(),
+        lock: lock.to_string(),
+        acquired: result("acquired"),
+        busy: result("busy"),
+        timed_out: result("timed_out"),
+        errors: ACQUIRE_ERROR_KINDS.map(|kind| error_counter(backend, lock, kind)),
+        lost: LOST_REASONS.map(|r| {
+            let [b, k] = l.clone();
+            metrics::counter!(
+                "dlock_lost_total",
+                &[b, k, ("reason", lost_reason(r).to_string())]
+            )
+        }),
         acquire: metrics::histogram!("dlock_acquire_seconds", &l),
         wait: metrics::histogram!("dlock_wait_seconds", &l),
         hold: metrics::histogram!("dlock_hold_seconds", &l),
         held: metrics::gauge!("dlock_held", &l),
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn error_counter(backend: &str, lock: &str, kind: &'static str) -> metrics::Counter {
+    metrics::counter!(
+        "dlock_acquire_total",
+        "backend" => backend.to_string(),
+        "lock" => lock.to_string(),
+        "result" => "error",
+        "kind" => kind
+    )
+}
+
+#[cfg(feature = "metrics")]
+impl Handles {
+    fn error(&self, e: &LockError) {
+        let kind = error_kind(e);
+        match ACQUIRE_ERROR_KINDS.iter().position(|k| *k == kind) {
+            Some(i) => self.errors[i].increment(1),
+            None => error_counter(&self.backend, &self.lock, kind).increment(1),
+        }
     }
 }
 
@@ -154,18 +244,12 @@ fn describe() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         describe_counter!(
-            "dlock_acquisitions_total",
-            "Locks acquired (re-entries included)"
+            "dlock_acquire_total",
+            "Acquire calls by result: acquired, busy, timed_out, error (by kind)"
         );
         describe_counter!(
-            "dlock_busy_total",
-            "Acquisitions without waiting that found the lock held"
-        );
-        describe_counter!("dlock_timed_out_total", "Acquisitions whose wait ran out");
-        describe_counter!("dlock_lost_total", "Held leases that were lost");
-        describe_counter!(
-            "dlock_errors_total",
-            "Acquisitions that failed with an error other than busy or timed out"
+            "dlock_lost_total",
+            "Held leases that were lost, by reason: deadline, not_owner, max_hold"
         );
         describe_histogram!(
             "dlock_acquire_seconds",
@@ -201,14 +285,14 @@ pub(crate) fn acquire_done(
         let h = &labels.h;
         match r {
             Ok(_) => {
-                h.acquisitions.increment(1);
+                h.acquired.increment(1);
                 h.acquire.record(elapsed.as_secs_f64());
             }
             Err(LockError::Busy { .. }) => h.busy.increment(1),
             Err(LockError::TimedOut { .. }) => h.timed_out.increment(1),
-            // A re-entry into a lease already lost is counted where it was lost.
-            Err(LockError::Lost { .. }) => {}
-            Err(_) => h.errors.increment(1),
+            // A re-entry into a lease already lost is `kind="lost"` here; the loss itself was
+            // counted in `dlock_lost_total` when it happened.
+            Err(e) => h.error(e),
         }
         if may_wait && (r.is_ok() || matches!(r, Err(LockError::TimedOut { .. }))) {
             h.wait.record(elapsed.as_secs_f64());
@@ -216,12 +300,13 @@ pub(crate) fn acquire_done(
     }
 }
 
-/// An acquisition that failed before reaching the backend (invalid name, zero ttl, unknown
-/// backend): counted in `dlock_errors_total`; returns the error.
+/// An acquisition that failed before reaching the backend (invalid name, a ttl of zero or over
+/// the cap, unknown backend or policy): counted as `result="error"` with its `kind`; returns the
+/// error.
 #[inline]
 pub(crate) fn setup_error(labels: &Labels, e: LockError) -> LockError {
     #[cfg(feature = "metrics")]
-    labels.h.errors.increment(1);
+    labels.h.error(&e);
     e
 }
 
@@ -264,9 +349,26 @@ impl HoldMetric {
 
     /// The lease of the hold that began at `acquired_at` was lost.
     #[inline]
-    pub(crate) fn lost(&self, acquired_at: Instant) {
+    pub(crate) fn lost(&self, acquired_at: Instant, reason: LostReason) {
         #[cfg(feature = "metrics")]
-        self.labels.h.lost.increment(1);
+        {
+            self.labels.h.lost[lost_index(reason)].increment(1);
+        }
         self.end(acquired_at);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_lost_reason_has_its_own_slot_and_label() {
+        for (i, r) in LOST_REASONS.iter().enumerate() {
+            assert_eq!(lost_index(*r), i);
+        }
+        let labels: std::collections::HashSet<_> =
+            LOST_REASONS.iter().map(|r| lost_reason(*r)).collect();
+        assert_eq!(labels.len(), LOST_REASONS.len());
     }
 }

@@ -211,6 +211,10 @@ pub fn skipped<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
 /// policy's `on_busy`, since a `Result` can carry it); `()` and `Option<T>` skip, logging as
 /// [`skipped`] does, and log an `error` event when the policy asked for `on_busy = "error"`,
 /// since those return types have no room for the error.
+#[diagnostic::on_unimplemented(
+    message = "with a `policy` and no `on_busy`, the return type decides what a failed acquisition returns, so it must be `Result<_, E>` with `E: From<dlock::LockError>`, `()` or `Option<T>`, not `{Self}`",
+    label = "not a `Result<_, E>`, `()` or `Option<T>`"
+)]
 pub trait BusyReturn: Sized {
     fn busy_return(spec: &'static LockSpec, err: LockError) -> Self;
 }
@@ -250,9 +254,28 @@ fn skip_by_policy<T: Default>(spec: &'static LockSpec, err: LockError) -> T {
     skipped(spec, err)
 }
 
+/// For `on_busy = "error"`: the function's return type, which carries a failed acquisition's
+/// error. Only `Result<T, E>` with `E: From<LockError>` does, an alias of one included; any other
+/// type is refused at the function's return type with the message below (the attribute itself
+/// refuses `()` and `Option<T>`, which it can tell apart without the type checker).
+#[diagnostic::on_unimplemented(
+    message = "on_busy = \"error\" gives the busy `dlock::LockError` back through the return type, so the function must return `Result<_, E>` with `E: From<dlock::LockError>`, not `{Self}`",
+    label = "not a `Result<_, E>` with `E: From<dlock::LockError>`",
+    note = "for a function returning `()` or `Option<T>`, write on_busy = \"skip\""
+)]
+pub trait BusyError: Sized {
+    fn busy_error(err: LockError) -> Self;
+}
+
+impl<T, E: From<LockError>> BusyError for Result<T, E> {
+    fn busy_error(err: LockError) -> Self {
+        Err(E::from(err))
+    }
+}
+
 /// For `on_busy = "error"`: the error, converted into the function's error type.
-pub fn busy_error<T, E: From<LockError>>(err: LockError) -> Result<T, E> {
-    Err(E::from(err))
+pub fn busy_error<R: BusyError>(err: LockError) -> R {
+    R::busy_error(err)
 }
 
 /// See [`BusyReturn`].
