@@ -158,7 +158,7 @@ impl dlock::Backend for Down {
         name: &'a str,
         _owner: &'a str,
         _ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Acquired, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Acquired, dlock::LockError>> {
         Box::pin(async move {
             Err(dlock::LockError::Backend {
                 key: name.to_string(),
@@ -172,7 +172,7 @@ impl dlock::Backend for Down {
         owner: &'a str,
         keep_for: Option<Duration>,
         all: bool,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Released, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, dlock::LockError>> {
         self.0.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -180,13 +180,13 @@ impl dlock::Backend for Down {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, dlock::LockError>> {
         self.0.extend(name, owner, ttl)
     }
     fn watch<'a>(
         &'a self,
         name: &'a str,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Watch, dlock::LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, dlock::LockError>> {
         self.0.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {
