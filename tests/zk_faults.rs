@@ -576,12 +576,18 @@ async fn tokens_are_at_least_server_microseconds_and_increase_across_leaders_wit
     // its node's ctime (the README states this limit). Keep it here with a foreign child, as a
     // name in use keeps it.
     {
+        let asked = Instant::now();
         let g = Lock::new("skewed")
             .with_backend(b.clone())
             .wait(Duration::from_secs(20))
             .acquire()
             .await
             .expect("a first grant makes the lock parent");
+        eprintln!(
+            "first grant after {:?}, {:?} left on its guard",
+            asked.elapsed(),
+            g.remaining()
+        );
         last = g.fencing_token();
         let c = common::zookeeper::connector()
             .session_timeout(Duration::from_secs(10))
