@@ -51,7 +51,11 @@ fn classpath() -> String {
         "zookeeper.jar",
         "zookeeper-jute.jar",
         "slf4j-api.jar",
-        "slf4j-nop.jar",
+        if std::env::var_os("DLOCK_ZK_SERVER_LOG").is_some() {
+            "slf4j-simple.jar"
+        } else {
+            "slf4j-nop.jar"
+        },
         "netty-all.jar",
         // Netty TLS servers (`start_tls`): Debian's zookeeper.jar lists netty's buffer, common,
         // handler and transport jars in its manifest, not the codec, resolver and unix jars
@@ -346,7 +350,10 @@ pub struct EnsembleOpts {
 
 /// A private 3-server ZooKeeper ensemble on free loopback ports (client, quorum and election
 /// port per member), each member in its own temp dir. Members can be killed, restarted, paused,
-/// run with their own clock offset, and (when started with proxied peers) partitioned.
+/// run with their own clock offset, and (when started with proxied peers) partitioned. With
+/// `DLOCK_ZK_SERVER_LOG=<dir>` the members log (slf4j-simple, INFO, times to the ms: session
+/// expiries, elections) and their logs are copied to `<dir>/<pid>-m<n>.log` when the ensemble
+/// is dropped.
 #[derive(Debug)]
 pub struct ZkEnsemble {
     dir: TempDir,
@@ -442,6 +449,10 @@ impl ZkEnsemble {
             .open(home.join("zk.log"))
             .unwrap();
         let mut cmd = Command::new("java");
+        if std::env::var_os("DLOCK_ZK_SERVER_LOG").is_some() {
+            cmd.arg("-Dorg.slf4j.simpleLogger.showDateTime=true")
+                .arg("-Dorg.slf4j.simpleLogger.dateTimeFormat=HH:mm:ss.SSS");
+        }
         cmd.arg("-Xmx192m")
             .arg("-XX:+UseSerialGC")
             .arg("-Dznode.container.checkIntervalMs=500")
@@ -546,6 +557,16 @@ impl Drop for ZkEnsemble {
                 unsafe { libc::kill(pid as libc::pid_t, libc::SIGCONT) };
             }
             self.kill(i);
+        }
+        if let Some(to) = std::env::var_os("DLOCK_ZK_SERVER_LOG") {
+            let to = std::path::PathBuf::from(to);
+            let _ = std::fs::create_dir_all(&to);
+            for i in 0..Self::SIZE {
+                let _ = std::fs::copy(
+                    self.dir.path().join(format!("m{}", i + 1)).join("zk.log"),
+                    to.join(format!("{}-m{}.log", std::process::id(), i + 1)),
+                );
+            }
         }
     }
 }

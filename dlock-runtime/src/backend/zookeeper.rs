@@ -28,10 +28,13 @@
 //!   floor keeps them above the µs tokens of the other engines, and in order when an emptied
 //!   lock parent was removed and made again. Cost: one more write per grant (the parent's
 //!   data is read in the same round trip as the children).
-//! - `extend` does not write: it checks that the node still exists (bounded by the request
-//!   timeout). `ttl` is not sent to the server; the session timeout is the lease. A session that
-//!   expired makes every hold answer `Lost`, and the next acquisition opens a new session.
-//!   The guard's own deadline (ttl from the last answered check) covers a disconnected session.
+//! - `extend` does not write: it `sync`s (through the leader) and checks that the node still
+//!   exists (bounded by the request timeout). `ttl` is not sent to the server; the session is
+//!   the lease. A session that expired makes every hold answer `Lost`, and the next acquisition
+//!   opens a new session. The guard's own deadline covers a disconnected session or a follower
+//!   cut off from the leader: at most [`session_lease`] (the session timeout less how far
+//!   behind the leader's record of the session may be) from the send time of the last check or
+//!   grant confirmed through the leader.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -398,6 +401,38 @@ fn tls_timeout(hosts: &str) -> String {
         "connecting to ZooKeeper {hosts} over TLS timed out (an untrusted server certificate, a \
          plain-text port, or a refused or missing client certificate fails this way)"
     )
+}
+
+/// How long after sending a request that the leader answered (a `sync`, a write) a session is
+/// sure to live on, given the negotiated session `timeout` and the client's connection timeout
+/// (the request timeout): `timeout` less how far behind the leader's record of the session's
+/// last activity may be.
+///
+/// The leader expires a session `timeout` after it last heard of it (rounded up to its tick),
+/// and of a session on a follower it hears only through that follower's replies to its pings,
+/// sent every half tick, each listing the sessions that made a request since the previous
+/// one. A request answered through the leader proves the follower's link was up when it was
+/// forwarded, so every ping reply sent before it was counted; not that the reply listing this
+/// very request was (it is sent at the next ping, after the request, and a partition may take
+/// it). What the leader has surely counted is an earlier request or ping of the session: at
+/// most one ping period plus the longest gap between the client's sends before. The gap:
+/// zookeeper-client 0.9 pings after 3 of its ticks without a send, checked every tick (a tick
+/// is `timeout / 20`, or the connection timeout / 8 when that is at most 3/5 of `timeout`),
+/// so at most 4 ticks. The ping period is half a tick of the servers, which the client is not
+/// told: at most `timeout / 4`, since a session lasts at least 2 ticks (ZooKeeper's default
+/// `minSessionTimeout`). Together at most 0.55 of `timeout`, and the rest is the lease.
+/// (Review M3's follow-up: counting the whole `timeout` from the `sync`'s send time let a
+/// holder on a follower cut off right after a renewal stay valid about half a second after the
+/// leader granted the lock again, `tests/zk_faults.rs`.)
+pub(crate) fn session_lease(timeout: Duration, connection_timeout: Duration) -> Duration {
+    let client_tick = if connection_timeout.is_zero() || connection_timeout > timeout * 3 / 5 {
+        timeout / 20
+    } else {
+        connection_timeout / 8
+    }
+    .max(Duration::from_millis(1));
+    let leader_ping = timeout / 4;
+    timeout.saturating_sub(leader_ping + client_tick * 4)
 }
 
 /// One ZooKeeper session: its client, the negotiated timeout, and a token cancelled once it
@@ -1587,11 +1622,13 @@ impl Backend for ZookeeperBackend {
         false
     }
 
-    /// The session is the lease: the guard counts on at most the negotiated session timeout
-    /// from its last answered check (`extend` reads the node), so a holder cut off from the
-    /// ensemble counts itself lost by the time the servers may expire its session.
+    /// The session is the lease: the guard counts on at most [`session_lease`] from the send
+    /// time of its last check confirmed through the leader (a renewal's `sync`, a grant's
+    /// `multi`), so a holder cut off from the ensemble, or on a follower cut off from the
+    /// leader, counts itself lost by the time the leader may expire its session.
     fn lease_margin(&self, ttl: Duration) -> Duration {
-        ttl.saturating_sub(self.inner.session().timeout)
+        let timeout = self.inner.session().timeout;
+        ttl.saturating_sub(session_lease(timeout, self.inner.cfg.request_timeout))
     }
 
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
@@ -1606,5 +1643,36 @@ impl Backend for ZookeeperBackend {
             return Some(Box::pin(std::future::ready(())));
         }
         Some(Box::pin(sess.gone.clone().cancelled_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_lease;
+    use std::time::Duration;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    /// The guard's lease is the session timeout less a quarter (the leader's ping period, at
+    /// most) and 4 of the client's ticks (its longest gap between sends).
+    #[test]
+    fn the_session_lease_leaves_room_for_the_leaders_lag() {
+        // 4 s session, 1 s request bound: client tick 125 ms.
+        assert_eq!(session_lease(ms(4000), ms(1000)), ms(2500));
+        // The defaults, 10 s and 5 s: client tick 625 ms.
+        assert_eq!(session_lease(ms(10_000), ms(5000)), ms(5000));
+        // A request bound above 3/5 of the session: client tick session / 20.
+        assert_eq!(session_lease(ms(4000), ms(5000)), ms(2200));
+        // The shortest lease: a request bound of exactly 3/5 of the session.
+        assert_eq!(session_lease(ms(4000), ms(2400)), ms(1800));
+        for (t, c) in [(2000, 1000), (4000, 1), (20_000, 5000), (40_000, 40_000)] {
+            let l = session_lease(ms(t), ms(c));
+            assert!(
+                l >= ms(t) * 45 / 100 && l <= ms(t) * 3 / 4,
+                "{t} {c}: {l:?}"
+            );
+        }
     }
 }
