@@ -3,7 +3,7 @@
 //! contends on one, loses one, and prints what a `/metrics` endpoint would serve.
 //!
 //! ```text
-//! cargo run --features metrics --example metrics_prometheus
+//! cargo run -p dlock-examples --features metrics --example metrics_prometheus
 //! ```
 
 use std::time::Duration;
