@@ -3,7 +3,7 @@
 //! by default (a handler that takes milliseconds frees the lock long before a 20 s lease ends).
 
 #[allow(dead_code, unreachable_pub)]
-#[path = "../examples/axum_handler.rs"]
+#[path = "../dlock-examples/examples/axum_handler.rs"]
 mod example;
 
 use std::time::Duration;

@@ -68,7 +68,8 @@ use serde_json::json;
 #[command(
     name = "dlock",
     version,
-    about = "Inspect and operate dlock locks on a backend"
+    about = "Inspect and operate dlock locks on a backend",
+    after_help = engines_help()
 )]
 struct Cli {
     /// Backend URL: redis://[user[:password]@]host[:port][/db], rediss://, unix://, postgres://,
@@ -129,6 +130,40 @@ enum Cmd {
         /// Glob over lock names, e.g. `order:*`.
         pattern: Option<String>,
     },
+}
+
+/// The `--help` footer: the engines this binary was built with, and the Cargo features of
+/// `dlock-cli` that add the others (see its Cargo.toml).
+fn engines_help() -> String {
+    let engines = [
+        ("sentinel", cfg!(feature = "sentinel"), "--sentinel"),
+        ("cluster", cfg!(feature = "cluster"), "--cluster"),
+        ("tls", cfg!(feature = "tls"), "rediss://, zks://"),
+        ("postgres", cfg!(feature = "postgres"), "postgres://"),
+        ("mysql", cfg!(feature = "mysql"), "mysql://"),
+        ("zookeeper", cfg!(feature = "zookeeper"), "zk://"),
+        ("etcd", cfg!(feature = "etcd"), "etcd://, needs protoc"),
+    ];
+    let list = |built: bool| {
+        let v: Vec<String> = engines
+            .iter()
+            .filter(|e| e.1 == built)
+            .map(|e| format!("{} ({})", e.0, e.2))
+            .collect();
+        if v.is_empty() {
+            "none".into()
+        } else {
+            v.join(", ")
+        }
+    };
+    format!(
+        "Engines: Redis (redis://, unix://) and Redlock (--redlock) always.\n\
+         Built with: {}.\n\
+         Not built: {}.\n\
+         More engines: cargo install --path dlock-cli --features <FEATURE,...> (`full`: all).",
+        list(true),
+        list(false)
+    )
 }
 
 /// An error with its exit code.

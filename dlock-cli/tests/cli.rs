@@ -411,6 +411,39 @@ fn exit_codes_for_bad_urls_and_no_password_in_output() {
     assert!(!text(&o).contains("env-secret"), "{}", text(&o));
 }
 
+/// The default build is light (issue 20): `--help` says which engines this binary has and which
+/// Cargo feature adds each of the others.
+#[test]
+fn help_names_the_engines_built_in_and_the_features_that_add_the_others() {
+    let o = dlock("redis://127.0.0.1:1", &["--help"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let help = String::from_utf8_lossy(&o.stdout).into_owned();
+    let line = |prefix: &str| {
+        help.lines()
+            .find(|l| l.starts_with(prefix))
+            .unwrap_or_else(|| panic!("no `{prefix}` line in:\n{help}"))
+            .to_string()
+    };
+    let (built, not_built) = (line("Built with: "), line("Not built: "));
+    for (feature, on) in [
+        ("sentinel", cfg!(feature = "sentinel")),
+        ("cluster", cfg!(feature = "cluster")),
+        ("tls", cfg!(feature = "tls")),
+        ("postgres", cfg!(feature = "postgres")),
+        ("mysql", cfg!(feature = "mysql")),
+        ("zookeeper", cfg!(feature = "zookeeper")),
+        ("etcd", cfg!(feature = "etcd")),
+    ] {
+        let tag = format!("{feature} (");
+        assert_eq!(built.contains(&tag), on, "{feature}:\n{help}");
+        assert_eq!(not_built.contains(&tag), !on, "{feature}:\n{help}");
+    }
+    assert!(
+        help.contains("cargo install --path dlock-cli --features") && help.contains("`full`"),
+        "{help}"
+    );
+}
+
 #[test]
 fn watch_shows_acquisitions_and_releases_until_interrupted() {
     let redis = Redis::start(&["--notify-keyspace-events", "Kghx"]);

@@ -1,8 +1,8 @@
 //! Several workers contend for one annotated function.
 //!
 //! ```text
-//! cargo run --example quickstart                                    # in-memory backend
-//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example quickstart   # Redis
+//! cargo run -p dlock-examples --example quickstart                                    # in-memory backend
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-examples --example quickstart   # Redis
 //! ```
 //!
 //! Each worker increments a shared counter with a non-atomic read-modify-write under the lock;

@@ -5,7 +5,7 @@
 //! `dlock_lost_total{reason=...}`, the three histograms as true Prometheus histograms.
 //!
 //! ```text
-//! cargo run --features metrics --example metrics_prometheus
+//! cargo run -p dlock-examples --features metrics --example metrics_prometheus
 //! ```
 
 use std::time::Duration;

@@ -4,9 +4,9 @@
 //! `423 Locked` with `Retry-After`.
 //!
 //! ```text
-//! cargo run --features axum --example axum_layer            # self-demo, then exits
-//! cargo run --features axum --example axum_layer -- serve   # serve on 127.0.0.1:3000
-//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_layer
+//! cargo run -p dlock-examples --features axum --example axum_layer            # self-demo, then exits
+//! cargo run -p dlock-examples --features axum --example axum_layer -- serve   # serve on 127.0.0.1:3000
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-examples --features axum --example axum_layer
 //! ```
 
 use std::time::Duration;

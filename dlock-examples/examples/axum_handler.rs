@@ -4,9 +4,9 @@
 //! with the `axum` feature it is an axum response (see `dlock::web`).
 //!
 //! ```text
-//! cargo run --features axum --example axum_handler            # self-demo: 200, 409, then exits
-//! cargo run --features axum --example axum_handler -- serve   # serve on 127.0.0.1:3000
-//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --features axum --example axum_handler
+//! cargo run -p dlock-examples --features axum --example axum_handler            # self-demo: 200, 409, then exits
+//! cargo run -p dlock-examples --features axum --example axum_handler -- serve   # serve on 127.0.0.1:3000
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-examples --features axum --example axum_handler
 //! ```
 //!
 //! With nothing configured the locks live in this process (the in-memory backend); with

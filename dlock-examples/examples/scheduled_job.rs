@@ -3,8 +3,8 @@
 //! run exactly once per tick across all of them (ShedLock's pattern).
 //!
 //! ```text
-//! cargo run --example scheduled_job
-//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example scheduled_job
+//! cargo run -p dlock-examples --example scheduled_job
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-examples --example scheduled_job
 //! ```
 //!
 //! Runs 6 ticks of 300 ms, prints which replica ran each tick, and exits.

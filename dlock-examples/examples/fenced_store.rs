@@ -2,8 +2,8 @@
 //! it has seen, and the scenario it exists for, a paused holder's late write.
 //!
 //! ```text
-//! cargo run --example fenced_store                                          # in-memory backend
-//! DLOCK_URL=redis://127.0.0.1:6379 cargo run --example fenced_store   # Redis
+//! cargo run -p dlock-examples --example fenced_store                                    # in-memory backend
+//! DLOCK_URL=redis://127.0.0.1:6379 cargo run -p dlock-examples --example fenced_store   # Redis
 //! ```
 //!
 //! Holder A takes the lock with a 300 ms lease and then stalls for 600 ms (standing in for a GC
