@@ -86,7 +86,6 @@ impl WaitQueues {
 
     /// Empty queues that call `on_empty(key, woken)` when a name's last waiter leaves;
     /// `woken`: it left with a wake-up it did not use (PostgreSQL's waiters' FIFO).
-    #[cfg(feature = "postgres")]
     pub(crate) fn with_on_empty_woken(on_empty: OnEmptyWoken) -> Arc<Self> {
         Arc::new(WaitQueues {
             queues: Mutex::new(HashMap::new()),
@@ -130,6 +129,11 @@ impl WaitQueues {
     /// True when `key` has waiters.
     pub fn has_waiters(&self, key: &str) -> bool {
         self.lock().contains_key(key)
+    }
+
+    /// True when any name has waiters (a cheap check before building a name's key).
+    pub(crate) fn any_waiters(&self) -> bool {
+        !self.lock().is_empty()
     }
 
     /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.

@@ -28,12 +28,13 @@ const FENCE_GRACE: Duration = Duration::from_secs(60);
 const ACQUIRE_SRC: &str = include_str!("../scripts/acquire.lua");
 const EXTEND_SRC: &str = include_str!("../scripts/extend.lua");
 const RELEASE_SRC: &str = include_str!("../scripts/release.lua");
-/// The single-node release publishes with `PUBLISH`; here the same script publishes with
-/// `SPUBLISH`, so a release reaches only the shard that owns the lock's slot. Derived from the
-/// single-node text (one script to maintain; the single-node path is untouched), and checked by a
-/// unit test so a change of that line cannot silently turn it back into a cluster-wide PUBLISH.
-const PUBLISH_CALL: &str = "redis.pcall('PUBLISH', ARGV[3], '1')";
-const SPUBLISH_CALL: &str = "redis.pcall('SPUBLISH', ARGV[3], '1')";
+/// The single-node scripts publish with `PUBLISH`; here the same scripts publish with
+/// `SPUBLISH`, so a release (and a queued try's `t`) reaches only the shard that owns the lock's
+/// slot. Derived from the single-node text (one script to maintain; the single-node path is
+/// untouched), and checked by a unit test so a change of those calls cannot silently turn them
+/// back into a cluster-wide PUBLISH.
+const PUBLISH_CALL: &str = "redis.pcall('PUBLISH', ";
+const SPUBLISH_CALL: &str = "redis.pcall('SPUBLISH', ";
 
 struct ClusterScript {
     src: String,
@@ -48,7 +49,7 @@ impl ClusterScript {
 }
 
 static ACQUIRE: LazyLock<ClusterScript> =
-    LazyLock::new(|| ClusterScript::new(ACQUIRE_SRC.to_string()));
+    LazyLock::new(|| ClusterScript::new(ACQUIRE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
 static EXTEND: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(EXTEND_SRC.to_string()));
 static RELEASE: LazyLock<ClusterScript> =
@@ -1000,14 +1001,22 @@ mod tests {
     }
 
     #[test]
-    fn release_script_publishes_sharded() {
-        assert!(
-            RELEASE_SRC.contains(PUBLISH_CALL),
-            "release.lua no longer has the PUBLISH line this backend rewrites to SPUBLISH"
-        );
-        assert!(RELEASE.src.contains(SPUBLISH_CALL));
-        assert!(!RELEASE.src.contains(PUBLISH_CALL));
-        assert_ne!(RELEASE.sha, Script::new(RELEASE_SRC).get_hash());
-        assert_eq!(ACQUIRE.sha, Script::new(ACQUIRE_SRC).get_hash());
+    fn scripts_publish_sharded() {
+        for (what, src, script) in [
+            ("release.lua", RELEASE_SRC, &*RELEASE),
+            ("acquire.lua", ACQUIRE_SRC, &*ACQUIRE),
+        ] {
+            assert!(
+                src.contains(PUBLISH_CALL),
+                "{what} no longer has the PUBLISH call this backend rewrites to SPUBLISH"
+            );
+            assert!(script.src.contains(SPUBLISH_CALL));
+            assert!(!script.src.contains(PUBLISH_CALL), "{what}");
+            assert!(
+                !script.src.contains("'PUBLISH'"),
+                "{what} publishes in another form"
+            );
+            assert_ne!(script.sha, Script::new(src).get_hash());
+        }
     }
 }
