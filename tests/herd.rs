@@ -266,3 +266,52 @@ async fn redis_a_process_whose_waiters_left_leaves_the_queue() {
     assert_eq!(n, 0, "the waiter's process is still queued");
     g.release().await.unwrap();
 }
+
+/// The same on Sentinel: three `SentinelBackend`s over one master (each its own `RedisBackend`
+/// on it), two waiters each; one release, one try.
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_one_release_wakes_one_process_of_three() {
+    use common::sentinel::{MASTER, SentinelSet};
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let connect = || dlock::SentinelBackend::connect(MASTER, set.sentinel_urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder, &backends, "herd-sentinel", 2, async {}).await;
+    assert_eq!(
+        tries.iter().sum::<u64>(),
+        1,
+        "tries per backend after one release: {tries:?}"
+    );
+}
+
+/// The same on Redis Cluster (the queue key is in the lock's slot; SPUBLISH): three
+/// `ClusterBackend`s over one cluster, two waiters each; one release, one try.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_one_release_wakes_one_process_of_three() {
+    use common::cluster::ClusterSet;
+    let set = tokio::task::spawn_blocking(|| ClusterSet::start(3, 0))
+        .await
+        .unwrap();
+    let connect = || dlock::ClusterBackend::connect(set.urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder, &backends, "herd-cluster", 2, async {}).await;
+    assert_eq!(
+        tries.iter().sum::<u64>(),
+        1,
+        "tries per backend after one release: {tries:?}"
+    );
+}
+
