@@ -315,3 +315,48 @@ async fn cluster_one_release_wakes_one_process_of_three() {
     );
 }
 
+/// etcd: three backends with two waiters each, then one backend with four: one release wakes
+/// exactly one waiter (the one whose key followed the released one), not every local waiter of
+/// the name in its process (before: all of them, `while wake_one {}`, 2 tries here and 4 in the
+/// one-backend case, the others answered busy without a request).
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_one_release_wakes_one_waiter_locally_and_across_processes() {
+    use common::etcd::{EtcdCluster, etcd_backend};
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::single)
+        .await
+        .unwrap();
+    let holder = Arc::new(etcd_backend(&cluster).await);
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(etcd_backend(&cluster).await)));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder.clone(), &backends, "herd-etcd", 2, async {}).await;
+    assert_eq!(tries.iter().sum::<u64>(), 1, "tries per backend: {tries:?}");
+    let one = vec![Counting::new(Arc::new(etcd_backend(&cluster).await))];
+    let (tries, _) =
+        release_among_waiting_backends(holder, &one, "herd-etcd-local", 4, async {}).await;
+    assert_eq!(tries, vec![1], "tries of the one backend with four waiters");
+}
+
+/// ZooKeeper: the same as for etcd (before: every local waiter of the name was woken by the
+/// predecessor's notification, and all but one answered busy without a request).
+#[cfg(feature = "zookeeper")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_one_release_wakes_one_waiter_locally_and_across_processes() {
+    use common::zookeeper::{ZkProc, zk_backend};
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let holder = Arc::new(zk_backend(&server).await);
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(zk_backend(&server).await)));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder.clone(), &backends, "herd-zk", 2, async {}).await;
+    assert_eq!(tries.iter().sum::<u64>(), 1, "tries per backend: {tries:?}");
+    let one = vec![Counting::new(Arc::new(zk_backend(&server).await))];
+    let (tries, _) =
+        release_among_waiting_backends(holder, &one, "herd-zk-local", 4, async {}).await;
+    assert_eq!(tries, vec![1], "tries of the one backend with four waiters");
+}
