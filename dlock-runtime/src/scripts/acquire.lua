@@ -66,8 +66,10 @@ if KEYS[3] then
     life = pttl
   end
   life = life + 2000
-  redis.call('ZADD', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + life, ARGV[4])
-  redis.call('PEXPIRE', KEYS[3], life)
+  -- pcall: a user whose ACL lacks ZADD still gets its busy answer (and is woken by the
+  -- releases of others as every process is when nobody is queued).
+  redis.pcall('ZADD', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + life, ARGV[4])
+  redis.pcall('PEXPIRE', KEYS[3], life)
   redis.pcall('PUBLISH', ARGV[5], 't')
   return pttl
 end

@@ -10,7 +10,8 @@
 -- (stale ones, of processes that died or stopped waiting, are dropped on the way) and publishes
 -- 'w' .. its id: only that process wakes a waiter; the others only arm a stall timer, stopped by
 -- the 't' of the next try (acquire.lua). With no live entry it publishes '1' (every process
--- wakes one waiter, as without KEYS[2]).
+-- wakes one waiter, as without KEYS[2]). The queue's commands run by pcall: a user whose ACL lacks
+-- them (zadd zpopmin zrange) still releases, and its release wakes every process as before.
 -- Returns -1 when the caller is not the owner (nothing changed), the remaining hold count when
 -- holds remain, 0 when the lock was freed (deleted and one wake-up published, or kept until
 -- keep-for runs out, without a wake-up). ARGV[2] must be 0 or a positive integer of at most 14
@@ -48,16 +49,16 @@ if ARGV[3] ~= '' then
       local t = redis.call('TIME')
       now = t[1] * 1000 + math.floor(t[2] / 1000)
       local score = now + tonumber(ARGV[6])
-      local last = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
-      if last[2] and tonumber(last[2]) >= score then
+      local last = redis.pcall('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
+      if not last.err and last[2] and tonumber(last[2]) >= score then
         score = tonumber(last[2]) + 1
       end
-      redis.call('ZADD', KEYS[2], score, ARGV[5])
-      redis.call('PEXPIRE', KEYS[2], score - now)
+      redis.pcall('ZADD', KEYS[2], score, ARGV[5])
+      redis.pcall('PEXPIRE', KEYS[2], score - now)
     end
     while true do
-      local h = redis.call('ZPOPMIN', KEYS[2])
-      if not h[1] then
+      local h = redis.pcall('ZPOPMIN', KEYS[2])
+      if h.err or not h[1] then
         break
       end
       if not now then

@@ -4,15 +4,15 @@
 -- wake-up on: when the name is free, the next live process in the queue is woken as a release
 -- would have (release.lua), or every process ('1') when none is queued; '0' only leaves.
 -- Returns 1 when it published, 0 otherwise.
-redis.call('ZREM', KEYS[2], ARGV[1])
+redis.pcall('ZREM', KEYS[2], ARGV[1])
 if ARGV[3] ~= '1' or redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
 local msg = '1'
 local now
 while true do
-  local h = redis.call('ZPOPMIN', KEYS[2])
-  if not h[1] then
+  local h = redis.pcall('ZPOPMIN', KEYS[2])
+  if h.err or not h[1] then
     break
   end
   if not now then
