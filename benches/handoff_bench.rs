@@ -40,7 +40,8 @@
 //!   `Backend` wraps the engine's and sorts each `try_acquire` by what its task did before: a
 //!   first try (the acquire call found no local waiter and tried at once), the retry right after
 //!   subscribing (`watch`; made by every call that queues before it sleeps, except one that
-//!   queued behind local waiters while the holder's lease is known to run on), or a try after a
+//!   queued behind local waiters while the holder's lease is known to run on, on a backend that
+//!   does not queue contenders on the server), or a try after a
 //!   wait. 1.0 = each release woke one waiter, which took the lock. The brief's cruder
 //!   (tries − first tries) / releases, which also counts the retries after subscribing, is
 //!   printed beside it.
@@ -242,7 +243,9 @@ impl Backend for Counting {
                 // The lock loop retries right after subscribing, except for a call that queued
                 // first behind local waiters while a holder's lease is known to run on: that one
                 // waits first (`Lock::acquire_loop`), so its next try comes after a wait.
+                // (A backend that queues contenders on the server tries at once: it cannot barge.)
                 let waits_first = matches!(before, Some(Next::QueuedFirst))
+                    && !self.inner.queues_contenders()
                     && w.lease_end()
                         .is_some_and(|t| t > tokio::time::Instant::now());
                 if !waits_first {

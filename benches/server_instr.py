@@ -12,7 +12,9 @@ server's network reads and writes of both commands, as `used_cpu_user+sys` does.
 Usage: python3 benches/server_instr.py [pairs] [git-rev ...]
   pairs    default 4000 (valgrind runs the server ~50x slower; 4000 pairs take ~10 s a variant)
   git-rev  also measure dlock's scripts as of these revisions (e.g. 49fb07a), read by `git show`
-Variants: dlock (the working tree's acquire.lua + release.lua, outermost release, a free key),
+Variants: dlock (the working tree's acquire.lua + release.lua, outermost release, a free key;
+`+queue`: the release names the waiters' queue key, as the client sends it since issue 19's
+queue, for scripts that have one),
 the minimal re-entrant pair of benches/server_cpu.py (hash + PEXPIRE, then DEL + PUBLISH, no
 fencing), and rslock (SET NX PX + its unlock script). Two rounds; the second is printed.
 """
@@ -58,6 +60,13 @@ def main():
             variants.append((f'dlock {rev or "(tree)"}',
                              resp('EVALSHA', acq, 2, 'dlock:{k}', 'dlock:{k}:fence', owner, 30000, 90000)
                              + resp('EVALSHA', rel, 1, 'dlock:{k}', owner, 0, 'dlock:{k}:rel', 1)))
+            if 'ZPOPMIN' in script(rev, 'release.lua'):
+                # As the client sends it since the waiters' queue: the release names the queue
+                # key (empty here: nobody waits), so it checks it before publishing.
+                variants.append((f'dlock {rev or "(tree)"} +queue',
+                                 resp('EVALSHA', acq, 2, 'dlock:{k}', 'dlock:{k}:fence', owner, 30000, 90000)
+                                 + resp('EVALSHA', rel, 2, 'dlock:{k}', 'dlock:{k}:q', owner, 0,
+                                        'dlock:{k}:rel', 1)))
         macq, mrel, rrel = load(MIN_ACQ), load(MIN_REL), load(RSL_REL)
         variants.append(('minimal re-entrant', resp('EVALSHA', macq, 1, 'min:{k}', owner, 30000)
                          + resp('EVALSHA', mrel, 1, 'min:{k}', owner, 30000, 'min:{k}:rel')))

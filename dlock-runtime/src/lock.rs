@@ -294,12 +294,17 @@ impl Lock {
         let mut try_now = try_first;
         if !try_now {
             a.queue().await?;
-            // Try at once only when nobody here knows of a lease that is still running.
-            try_now = a
-                .watch
-                .as_ref()
-                .and_then(Watch::lease_end)
-                .is_none_or(|t| t <= Instant::now());
+            // Try at once only when nobody here knows of a lease that is still running, or when
+            // the backend queues contenders on the server (ZooKeeper, etcd): there a try takes
+            // its place behind the local waiters' own entries instead of barging past them, and
+            // a waiter with an entry of its own is woken exactly when its predecessor leaves
+            // (one wake-up per release; a waiter without one is woken by this process's next
+            // delete, an extra try per release: issue 19).
+            try_now = backend.queues_contenders()
+                || a.watch
+                    .as_ref()
+                    .and_then(Watch::lease_end)
+                    .is_none_or(|t| t <= Instant::now());
         }
         loop {
             if try_now {
@@ -384,6 +389,9 @@ impl Acquisition<'_> {
     fn new_owner(&mut self) {
         self.owner = context::new_owner();
         self.give_up.owner = self.owner.clone();
+        if let Some(w) = &self.watch {
+            w.set_owner(&self.owner);
+        }
     }
 
     /// **Try**: one try, bounded by its lease and by the wait. `Err` ends the acquisition (a
@@ -577,6 +585,7 @@ impl Acquisition<'_> {
         if let Some(end) = self.reported_end {
             w.note_reported_end(end);
         }
+        w.set_owner(&self.owner);
         self.watch = Some(w);
         Ok(())
     }

@@ -19,6 +19,22 @@ struct Slot {
     id: u64,
     woken: AtomicBool,
     notify: Notify,
+    /// The owner id of the waiter's tries (see [`Watch::set_owner`]).
+    owner: Mutex<Option<Arc<str>>>,
+}
+
+impl Slot {
+    fn owner_is(&self, owner: &str) -> bool {
+        self.owner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            == Some(owner)
+    }
+
+    fn owner(&self) -> Option<Arc<str>> {
+        self.owner.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
 }
 
 impl Slot {
@@ -86,7 +102,6 @@ impl WaitQueues {
 
     /// Empty queues that call `on_empty(key, woken)` when a name's last waiter leaves;
     /// `woken`: it left with a wake-up it did not use (PostgreSQL's waiters' FIFO).
-    #[cfg(feature = "postgres")]
     pub(crate) fn with_on_empty_woken(on_empty: OnEmptyWoken) -> Arc<Self> {
         Arc::new(WaitQueues {
             queues: Mutex::new(HashMap::new()),
@@ -108,6 +123,7 @@ impl WaitQueues {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             woken: AtomicBool::new(false),
             notify: Notify::new(),
+            owner: Mutex::new(None),
         });
         let mut map = self.lock();
         match map.get_mut(key) {
@@ -132,6 +148,11 @@ impl WaitQueues {
         self.lock().contains_key(key)
     }
 
+    /// True when any name has waiters (a cheap check before building a name's key).
+    pub(crate) fn any_waiters(&self) -> bool {
+        !self.lock().is_empty()
+    }
+
     /// Wakes the first waiter of `key` that is not already woken. Returns whether one was.
     pub fn wake_one(&self, key: &str) -> bool {
         let mut map = self.lock();
@@ -140,6 +161,41 @@ impl WaitQueues {
         }
         if let Some(q) = map.get(key)
             && let Some(s) = q.slots.iter().find(|s| !s.woken.load(Ordering::Acquire))
+        {
+            s.wake();
+            return true;
+        }
+        false
+    }
+
+    /// Wakes the waiter of `key` whose tries use `owner` (see [`Watch::set_owner`]): a backend
+    /// that queues each contender on the server (ZooKeeper, etcd) wakes exactly the one whose
+    /// turn came, not the first local waiter. When no waiter has that owner (it changed its
+    /// owner id after a failed try, or never said), the first waiter not yet woken is woken
+    /// instead, so the turn is not lost. Returns whether one was.
+    pub fn wake_owner(&self, key: &str, owner: &str) -> bool {
+        {
+            let map = self.lock();
+            if let Some(q) = map.get(key)
+                && let Some(s) = q.slots.iter().find(|s| s.owner_is(owner))
+            {
+                s.wake();
+                return true;
+            }
+        }
+        self.wake_one(key)
+    }
+
+    /// Wakes the first waiter of `key`, not yet woken, whose owner id (see
+    /// [`Watch::set_owner`]; `None` when it never said) passes `pick`. `pick` runs under this
+    /// queue's lock: it must not take locks that are held while calling into these queues.
+    pub fn wake_first_where(&self, key: &str, pick: impl Fn(Option<&str>) -> bool) -> bool {
+        let map = self.lock();
+        if let Some(q) = map.get(key)
+            && let Some(s) = q
+                .slots
+                .iter()
+                .find(|s| !s.woken.load(Ordering::Acquire) && pick(s.owner().as_deref()))
         {
             s.wake();
             return true;
@@ -258,6 +314,13 @@ impl fmt::Debug for Watch {
 }
 
 impl Watch {
+    /// Names the owner id this waiter's tries use, so that a backend can wake exactly this
+    /// waiter ([`WaitQueues::wake_owner`]). The acquire loop calls it when it queues and
+    /// whenever it changes the owner id.
+    pub fn set_owner(&self, owner: &Arc<str>) {
+        *self.slot.owner.lock().unwrap_or_else(|e| e.into_inner()) = Some(owner.clone());
+    }
+
     /// Marks this watch as one that cannot be woken by releases (pub/sub unavailable): waiting
     /// then relies on the holder's remaining lease alone.
     pub(crate) fn set_fallback_only(&mut self) {

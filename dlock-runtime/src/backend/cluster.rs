@@ -5,7 +5,7 @@
 
 pub(crate) mod admin;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
@@ -16,10 +16,13 @@ use redis::cluster_async::ClusterConnection;
 use redis::{ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, ServerErrorKind};
 use tokio::sync::{mpsc, oneshot};
 
-use super::redis::{Reaper, RefusalGate, redact_url};
+use super::redis::{
+    QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, on_release_message,
+    redact_url,
+};
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
-use crate::key::redis_keys;
+use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
 
 /// Same grace as the single-node backend (see backend/redis.rs).
@@ -28,12 +31,14 @@ const FENCE_GRACE: Duration = Duration::from_secs(60);
 const ACQUIRE_SRC: &str = include_str!("../scripts/acquire.lua");
 const EXTEND_SRC: &str = include_str!("../scripts/extend.lua");
 const RELEASE_SRC: &str = include_str!("../scripts/release.lua");
-/// The single-node release publishes with `PUBLISH`; here the same script publishes with
-/// `SPUBLISH`, so a release reaches only the shard that owns the lock's slot. Derived from the
-/// single-node text (one script to maintain; the single-node path is untouched), and checked by a
-/// unit test so a change of that line cannot silently turn it back into a cluster-wide PUBLISH.
-const PUBLISH_CALL: &str = "redis.pcall('PUBLISH', ARGV[3], '1')";
-const SPUBLISH_CALL: &str = "redis.pcall('SPUBLISH', ARGV[3], '1')";
+const WAKE_SRC: &str = include_str!("../scripts/wake.lua");
+/// The single-node scripts publish with `PUBLISH`; here the same scripts publish with
+/// `SPUBLISH`, so a release (and a queued try's `t`) reaches only the shard that owns the lock's
+/// slot. Derived from the single-node text (one script to maintain; the single-node path is
+/// untouched), and checked by a unit test so a change of those calls cannot silently turn them
+/// back into a cluster-wide PUBLISH.
+const PUBLISH_CALL: &str = "redis.pcall('PUBLISH', ";
+const SPUBLISH_CALL: &str = "redis.pcall('SPUBLISH', ";
 
 struct ClusterScript {
     src: String,
@@ -48,11 +53,13 @@ impl ClusterScript {
 }
 
 static ACQUIRE: LazyLock<ClusterScript> =
-    LazyLock::new(|| ClusterScript::new(ACQUIRE_SRC.to_string()));
+    LazyLock::new(|| ClusterScript::new(ACQUIRE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
 static EXTEND: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(EXTEND_SRC.to_string()));
 static RELEASE: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(RELEASE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
+static WAKE: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(WAKE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
 
 /// Settings of a [`ClusterBackend`]; build one with [`ClusterBackend::builder`].
 #[derive(Clone)]
@@ -247,7 +254,9 @@ impl ClusterBackendBuilder {
 ///
 /// By sharded pub/sub (Redis 7): the release script `SPUBLISH`es on the lock's channel, which
 /// reaches only the shard owning the slot, and waiters `SSUBSCRIBE` through one RESP3 cluster
-/// connection per runtime. After a lost pub/sub connection every waiter is woken; a channel on
+/// connection per runtime. Waiting processes queue on the server as with one server (see
+/// "Waiting" on [`crate::RedisBackend`]; the queue `dlock:{E}:q` is in the lock's slot), so a
+/// release wakes one process. After a lost pub/sub connection every waiter is woken; a channel on
 /// it, or one the server dropped (its slot moved away), is subscribed again (at its slot's owner,
 /// with back-off until confirmed) and its waiters are woken again then, so a release published
 /// while nobody listened is not slept through. Where the servers refuse it (Redis 6, an ACL user
@@ -300,9 +309,16 @@ struct RtConn {
 struct Subscriber {
     queues: Arc<WaitQueues>,
     ctl: mpsc::UnboundedSender<Ctl>,
+    /// This runtime's place in the waiters' queues (as on one server, see `redis.rs`).
+    queueing: Arc<Queueing>,
 }
 
 enum Ctl {
+    /// A release message's stall timer or pass-on (see `redis::on_release_message`).
+    Stall(StallCtl),
+    /// The channel's last local waiter left while this runtime may be queued for it, or with a
+    /// wake-up it did not use (`true`: pass it on).
+    Leave(String, bool),
     Subscribe(String, oneshot::Sender<Result<(), RedisError>>),
     Unsubscribe(String),
     /// The server dropped this shard channel (its slot moved, or its master became a replica).
@@ -574,11 +590,18 @@ impl ClusterBackend {
     fn new_subscriber(&self, handle: &tokio::runtime::Handle, _key: &str) -> Arc<Subscriber> {
         let (ctl, mut rx) = mpsc::unbounded_channel::<Ctl>();
         let ctl_for_empty = ctl.clone();
-        let queues = WaitQueues::with_on_empty(Some(Box::new(move |channel: &str| {
+        let queueing = Queueing::new();
+        let q_for_empty = queueing.clone();
+        let queues = WaitQueues::with_on_empty_woken(Box::new(move |channel: &str, woken| {
+            // Leave the server's queue first, so that the unsubscription follows it.
+            if q_for_empty.unmark(channel) || woken {
+                let _ = ctl_for_empty.send(Ctl::Leave(channel.to_string(), woken));
+            }
             let _ = ctl_for_empty.send(Ctl::Unsubscribe(channel.to_string()));
-        })));
+        }));
         let weak: Weak<WaitQueues> = Arc::downgrade(&queues);
         let ctl_for_push = ctl.clone();
+        let queueing_for_push = queueing.clone();
         let push = move |info: PushInfo| -> Result<(), ()> {
             let Some(queues) = weak.upgrade() else {
                 return Err(());
@@ -586,7 +609,13 @@ impl ClusterBackend {
             match info.kind {
                 PushKind::SMessage | PushKind::Message => {
                     if let Some(ch) = channel_of(&info) {
-                        queues.wake_one(ch);
+                        let payload = match info.data.get(1) {
+                            Some(redis::Value::BulkString(p)) => p.as_slice(),
+                            _ => b"1",
+                        };
+                        on_release_message(&queues, &queueing_for_push, ch, payload, |c| {
+                            let _ = ctl_for_push.send(Ctl::Stall(c));
+                        });
                     }
                 }
                 PushKind::SUnsubscribe => {
@@ -611,7 +640,12 @@ impl ClusterBackend {
             .pubsub_client
             .get_pending_async_connection_with_config(ClusterConfig::new().set_push_sender(push));
         let queues_for_task = Arc::downgrade(&queues);
+        let inner_for_task = Arc::downgrade(&self.inner);
+        let queueing_for_task = queueing.clone();
         handle.spawn(async move {
+            // Stall timers by channel (see `redis::STALL_AFTER`), and leaves to send.
+            let mut stall: HashMap<String, Instant> = HashMap::new();
+            let mut leaves: Vec<(String, bool)> = Vec::new();
             // Channels the server confirmed (and that we did not unsubscribe since).
             let mut subscribed: HashSet<String> = HashSet::new();
             // Wanted channels whose subscription may be gone (a lost connection, a channel the
@@ -632,7 +666,7 @@ impl ClusterBackend {
                         }
                     }
                     _ = async {
-                        match retry_at {
+                        match [retry_at, stall.values().min().copied()].into_iter().flatten().min() {
                             Some(t) => tokio::time::sleep_until(t).await,
                             None => std::future::pending().await,
                         }
@@ -665,9 +699,57 @@ impl ClusterBackend {
                                 retry_at = Some(Instant::now());
                             }
                         }
+                        Ctl::Stall(StallCtl::Arm(ch)) => {
+                            stall.insert(ch, Instant::now() + STALL_AFTER);
+                        }
+                        Ctl::Stall(StallCtl::Disarm(ch)) => {
+                            stall.remove(&ch);
+                        }
+                        Ctl::Stall(StallCtl::PassOn(ch)) => leaves.push((ch, true)),
+                        Ctl::Leave(ch, pass) => leaves.push((ch, pass)),
                     }
                 }
                 let queues = queues_for_task.upgrade();
+                // Stall timers that ran out: the process a release woke did not try.
+                let now = Instant::now();
+                stall.retain(|ch, t| {
+                    if *t > now {
+                        return true;
+                    }
+                    if let Some(q) = &queues {
+                        tracing::debug!(channel = %ch, "dlock: the process a release woke did not try; waking a waiter here");
+                        q.wake_one_unless_pending(ch);
+                    }
+                    false
+                });
+                // Leaves of the waiters' queue (the `wake` script), before any unsubscription.
+                if !leaves.is_empty()
+                    && let Some(inner) = inner_for_task.upgrade()
+                {
+                    for (ch, pass) in std::mem::take(&mut leaves) {
+                        let Some(lock) = ch.strip_suffix(key::CHANNEL_SUFFIX) else {
+                            continue;
+                        };
+                        let queue = key::suffixed(lock, key::QUEUE_SUFFIX);
+                        let r = run_script(
+                            &inner,
+                            &mut pubsub,
+                            &WAKE,
+                            &[lock, &queue],
+                            &[
+                                queueing_for_task.id.as_bytes(),
+                                ch.as_bytes(),
+                                if pass { b"1" } else { b"0" },
+                            ],
+                            None,
+                        )
+                        .await;
+                        if let Err(e) = r {
+                            tracing::debug!(channel = %ch, error = %e, "dlock: leaving the waiters' queue failed; the entry expires by itself");
+                        }
+                    }
+                }
+                leaves.clear();
                 let has_waiters = |ch: &str| queues.as_ref().is_some_and(|q| q.has_waiters(ch));
                 // SSUBSCRIBE takes channels of one slot only: one command per channel.
                 let mut result = Ok(());
@@ -738,7 +820,11 @@ impl ClusterBackend {
                 }
             }
         });
-        Arc::new(Subscriber { queues, ctl })
+        Arc::new(Subscriber {
+            queues,
+            ctl,
+            queueing,
+        })
     }
 
     async fn ping(&self) -> Result<(), LockError> {
@@ -786,27 +872,47 @@ impl ClusterBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
-        let (mut con, _) = self.conn(name)?;
+        let (mut con, sub) = self.conn(name)?;
         let keys = redis_keys(name);
         let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
         let all: &[u8] = if all { b"1" } else { b"0" };
+        // The release wakes the queue's head, and queues this runtime behind the others when
+        // waiters of its own remain (see "Waiting" on `RedisBackend`).
+        let queue = key::suffixed(&keys.lock, key::QUEUE_SUFFIX);
+        let me = self.queue_here(&sub, &keys.channel);
+        let keep = keep.to_string();
+        let life = ms(QUEUE_LIFE).to_string();
+        let mut args: Vec<&[u8]> = vec![
+            owner.as_bytes(),
+            keep.as_bytes(),
+            keys.channel.as_bytes(),
+            all,
+        ];
+        if me {
+            args.push(sub.queueing.id.as_bytes());
+            args.push(life.as_bytes());
+        }
         let (r, _) = run_script(
             &self.inner,
             &mut con,
             &RELEASE,
-            &[&keys.lock],
-            &[
-                owner.as_bytes(),
-                keep.to_string().as_bytes(),
-                keys.channel.as_bytes(),
-                all,
-            ],
+            &[&keys.lock, &queue],
+            &args,
             None,
         )
         .await
         .map_err(|e| LockError::backend(name, e))?;
         let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+        if r == 0 && me {
+            sub.queueing.mark(&keys.channel);
+        }
         Ok(crate::scripts::release_reply(r))
+    }
+
+    /// True when a call for `channel`'s name should queue this runtime on the server: it has
+    /// waiters for the name and its subscriptions are not refused.
+    fn queue_here(&self, sub: &Subscriber, channel: &str) -> bool {
+        sub.queues.any_waiters() && !self.refused_now() && sub.queues.has_waiters(channel)
     }
 
     /// True while a refused SSUBSCRIBE is in its back-off (see [`RefusalGate`]).
@@ -870,18 +976,26 @@ impl Backend for ClusterBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
-            let (mut con, _) = self.conn(name)?;
+            let (mut con, sub) = self.conn(name)?;
             let keys = redis_keys(name);
+            // A waiter's try queues its process on a busy answer (see `release_once`).
+            let queued = self.queue_here(&sub, &keys.channel);
+            let queue = key::suffixed(&keys.lock, key::QUEUE_SUFFIX);
+            let (ttl_ms, fence_ms) = (ms(ttl).to_string(), ms(ttl + FENCE_GRACE).to_string());
+            let mut args: Vec<&[u8]> =
+                vec![owner.as_bytes(), ttl_ms.as_bytes(), fence_ms.as_bytes()];
+            let mut script_keys: Vec<&str> = vec![&keys.lock, &keys.fence];
+            if queued {
+                script_keys.push(&queue);
+                args.push(sub.queueing.id.as_bytes());
+                args.push(keys.channel.as_bytes());
+            }
             let (r, acked) = run_script(
                 &self.inner,
                 &mut con,
                 &ACQUIRE,
-                &[&keys.lock, &keys.fence],
-                &[
-                    owner.as_bytes(),
-                    ms(ttl).to_string().as_bytes(),
-                    ms(ttl + FENCE_GRACE).to_string().as_bytes(),
-                ],
+                &script_keys,
+                &args,
                 self.inner.min_replicas,
             )
             .await
@@ -892,6 +1006,9 @@ impl Backend for ClusterBackend {
                     format!("unexpected reply from the acquire script: {r:?}"),
                 )
             })?;
+            if queued && matches!(acquired, Acquired::Busy { .. }) {
+                sub.queueing.mark(&keys.channel);
+            }
             if let (Acquired::Granted { count, .. }, Some((n, timeout))) =
                 (acquired, self.inner.min_replicas)
             {
@@ -1001,14 +1118,23 @@ mod tests {
     }
 
     #[test]
-    fn release_script_publishes_sharded() {
-        assert!(
-            RELEASE_SRC.contains(PUBLISH_CALL),
-            "release.lua no longer has the PUBLISH line this backend rewrites to SPUBLISH"
-        );
-        assert!(RELEASE.src.contains(SPUBLISH_CALL));
-        assert!(!RELEASE.src.contains(PUBLISH_CALL));
-        assert_ne!(RELEASE.sha, Script::new(RELEASE_SRC).get_hash());
-        assert_eq!(ACQUIRE.sha, Script::new(ACQUIRE_SRC).get_hash());
+    fn scripts_publish_sharded() {
+        for (what, src, script) in [
+            ("release.lua", RELEASE_SRC, &*RELEASE),
+            ("acquire.lua", ACQUIRE_SRC, &*ACQUIRE),
+            ("wake.lua", WAKE_SRC, &*WAKE),
+        ] {
+            assert!(
+                src.contains(PUBLISH_CALL),
+                "{what} no longer has the PUBLISH call this backend rewrites to SPUBLISH"
+            );
+            assert!(script.src.contains(SPUBLISH_CALL));
+            assert!(!script.src.contains(PUBLISH_CALL), "{what}");
+            assert!(
+                !script.src.contains("'PUBLISH'"),
+                "{what} publishes in another form"
+            );
+            assert_ne!(script.sha, Script::new(src).get_hash());
+        }
     }
 }

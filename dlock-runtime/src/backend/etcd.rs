@@ -668,8 +668,22 @@ impl Inner {
         }
         // A waiter of this process that queued behind local waiters without a key of its own
         // (the lock loop does not barge past them) watches nothing: wake one so it tries,
-        // rather than wait for the holder's ttl.
-        self.waiters.wake_one(&d.name);
+        // rather than wait for the holder's ttl. Only such a waiter: one with a queued key is
+        // woken by its own predecessor's delete (no local herd, issue 19).
+        self.wake_one_keyless(&d.name);
+    }
+
+    /// Wakes the first local waiter of `name` that has no queued key of its own (by the owner
+    /// id it tries with). Returns whether one was.
+    fn wake_one_keyless(&self, name: &str) -> bool {
+        let queued: Vec<String> = self
+            .holds()
+            .iter()
+            .filter(|((n, _), h)| n == name && !h.held)
+            .map(|((_, o), _)| o.clone())
+            .collect();
+        self.waiters
+            .wake_first_where(name, |o| o.is_none_or(|o| !queued.iter().any(|q| q == o)))
     }
 
     /// The first delete of `key` was not confirmed: it becomes an orphan (its lease is tainted)
@@ -1138,12 +1152,15 @@ impl Inner {
             let fired = Arc::new(AtomicBool::new(gone));
             if gone {
                 // The caller retries at once.
-                while self.waiters.wake_one(name) {}
+                self.waiters.wake_owner(name, owner);
             }
-            let task =
-                self.driver
-                    .handle
-                    .spawn(watch_predecessor(me, stream, wname, fired.clone()));
+            let task = self.driver.handle.spawn(watch_predecessor(
+                me,
+                stream,
+                wname,
+                owner.to_string(),
+                fired.clone(),
+            ));
             let mut holds = self.holds();
             match holds.get_mut(&hk) {
                 Some(h) => {
@@ -1616,12 +1633,14 @@ fn first_create_fence(op: Option<&etcd::TxnOpResponse>, floor: u64) -> Fence {
     Fence::Read(fence_of(range_kvs(t.op_responses().first()).first()))
 }
 
-/// Waits for the predecessor's delete (or the end of the watch), then wakes this process's
-/// waiters for the name so its successor re-checks.
+/// Waits for the predecessor's delete (or the end of the watch), then wakes the local waiter
+/// whose key it was the predecessor of (`owner`) so it re-checks: one wake-up per release, not
+/// one per local waiter (issue 19).
 async fn watch_predecessor(
     me: std::sync::Weak<Inner>,
     mut stream: etcd::WatchStream,
     name: String,
+    owner: String,
     fired: Arc<AtomicBool>,
 ) {
     // Ends on the predecessor's delete, a cancelled watch, or a broken stream (then the
@@ -1639,7 +1658,7 @@ async fn watch_predecessor(
     fired.store(true, Ordering::Release);
     if let Some(me) = me.upgrade() {
         me.notifications.fetch_add(1, Ordering::Relaxed);
-        while me.waiters.wake_one(&name) {}
+        me.waiters.wake_owner(&name, &owner);
     }
 }
 

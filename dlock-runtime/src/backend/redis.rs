@@ -38,6 +38,9 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     reconnect_retries: usize,
+    /// Whether waiting processes queue on the server (see "Waiting" on [`RedisBackend`]); off
+    /// for a Redlock node, whose releases wake every process.
+    queue: bool,
     /// Extra trusted root certificate (PEM) for `rediss://`, instead of the system store.
     #[cfg(feature = "tls")]
     tls_root_cert: Option<Vec<u8>>,
@@ -81,6 +84,13 @@ impl RedisBackendBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
         self.tls_root_cert = Some(pem);
+        self
+    }
+
+    /// Waiting processes do not queue on the server: every release wakes one waiter in every
+    /// waiting process (a Redlock node: the Redlock backend merges the nodes' wake-ups itself).
+    pub(crate) fn without_queue(mut self) -> Self {
+        self.queue = false;
         self
     }
 
@@ -179,7 +189,20 @@ impl RedisBackendBuilder {
 /// Waiters of one runtime share its pub/sub connection (RESP3 push messages). The first waiter
 /// for a lock subscribes to its release channel, and `watch` returns only once the server has
 /// confirmed that subscription; the release script publishes once; the message wakes one waiter
-/// of the queue. A lost pub/sub connection (closed, or silent past a `PING` every second while
+/// of the queue.
+///
+/// Across processes, a release wakes one process, not every subscribed one: a process with
+/// waiters for a name queues on the server (the zset `dlock:{E}:q`, an entry per process with an
+/// expiry in server time) with each busy try, and with its release when waiters of its own remain.
+/// The release pops the oldest entry still live and publishes that process's id, and only that
+/// process wakes a waiter. The others arm a stall timer ([`STALL_AFTER`]) that the woken
+/// process's next try stops (each queued try publishes `t`): a woken process that is stopped or
+/// dead costs one stall of that length, after which every waiting process wakes one waiter. With
+/// nobody queued (or only stale entries) the release publishes to every process, as before. A
+/// process whose last waiter leaves removes its entry, and passes on a wake-up it got but cannot
+/// use (the `wake` script).
+///
+/// A lost pub/sub connection (closed, or silent past a `PING` every second while
 /// anyone waits) is replaced and every waited-for channel subscribed again with back-off; every
 /// waiter is woken when the loss is seen and again once its channel is confirmed, so that none
 /// sleeps through a release published while nobody listened. When the server refuses pub/sub
@@ -475,6 +498,112 @@ impl ConnectionLike for DataConn<'_> {
 struct Subscriber {
     queues: Arc<WaitQueues>,
     ctl: mpsc::UnboundedSender<Ctl>,
+    /// This runtime's place in the servers' waiters' queues.
+    queueing: Arc<Queueing>,
+}
+
+/// How long a process that heard a release wake another process waits for that process's try
+/// (its `t`) before it wakes a waiter of its own: the woken process may be stopped or dead.
+pub(crate) const STALL_AFTER: Duration = Duration::from_millis(500);
+/// How long the entry a release queues for the releasing process's own waiters lives (their
+/// next busy try renews it).
+pub(crate) const QUEUE_LIFE: Duration = Duration::from_secs(30);
+
+/// One runtime's identity in the waiters' queues (`dlock:{E}:q`) and the names it may be queued
+/// for (by channel).
+pub(crate) struct Queueing {
+    /// The id this runtime queues under, and that a release publishes to wake it (`w<id>`).
+    pub(crate) id: String,
+    /// Channels whose queue may hold an entry of this runtime (a busy try or a release queued
+    /// it; a release that woke it popped it).
+    queued: Mutex<HashSet<String>>,
+}
+
+impl Queueing {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Queueing {
+            id: crate::context::new_owner().to_string(),
+            queued: Mutex::new(HashSet::new()),
+        })
+    }
+
+    pub(crate) fn mark(&self, channel: &str) {
+        let mut q = self.queued.lock().unwrap_or_else(|e| e.into_inner());
+        if !q.contains(channel) {
+            q.insert(channel.to_string());
+        }
+    }
+
+    /// Forgets `channel`; true when it was marked.
+    pub(crate) fn unmark(&self, channel: &str) -> bool {
+        self.queued
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(channel)
+    }
+}
+
+/// What a release message on a channel means to this runtime (its payload, see release.lua).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Heard {
+    /// `1` (or an unknown payload): every process wakes one waiter.
+    All,
+    /// `w<our id>`: this process is the one woken.
+    Us,
+    /// `w<another id>`: another process is woken; arm the stall timer.
+    Other,
+    /// `t`: a queued process tried after the last release; stop the stall timer.
+    Tried,
+}
+
+/// Sorts a release message's payload (see [`Heard`]).
+pub(crate) fn heard(payload: &[u8], id: &str) -> Heard {
+    match payload {
+        b"t" => Heard::Tried,
+        [b'w', rest @ ..] if rest == id.as_bytes() => Heard::Us,
+        [b'w', _, ..] => Heard::Other,
+        _ => Heard::All,
+    }
+}
+
+/// The push-message side of [`Heard`], shared by the single-node and cluster subscribers: wakes
+/// the local waiter a message is for, and tells the subscriber task what to do about stall
+/// timers and passing on (`ctl` gets `Stall(channel, armed)` / `Leave(channel, true)`).
+pub(crate) fn on_release_message(
+    queues: &WaitQueues,
+    queueing: &Queueing,
+    channel: &str,
+    payload: &[u8],
+    mut ctl: impl FnMut(StallCtl),
+) {
+    match heard(payload, &queueing.id) {
+        Heard::All => {
+            queues.wake_one(channel);
+            ctl(StallCtl::Disarm(channel.to_string()));
+        }
+        Heard::Us => {
+            queueing.unmark(channel);
+            if !queues.wake_one(channel) && !queues.has_waiters(channel) {
+                // Nobody here waits any more: pass the turn on.
+                ctl(StallCtl::PassOn(channel.to_string()));
+            }
+            ctl(StallCtl::Disarm(channel.to_string()));
+        }
+        Heard::Other => {
+            if queues.has_waiters(channel) {
+                ctl(StallCtl::Arm(channel.to_string()));
+            }
+        }
+        Heard::Tried => ctl(StallCtl::Disarm(channel.to_string())),
+    }
+}
+
+/// What a release message asks of the subscriber task (see [`on_release_message`]).
+#[derive(Debug)]
+pub(crate) enum StallCtl {
+    Arm(String),
+    Disarm(String),
+    PassOn(String),
 }
 
 enum Ctl {
@@ -485,6 +614,11 @@ enum Ctl {
     Unsubscribe(String),
     /// The pub/sub connection of this generation closed.
     Disconnected(u64),
+    /// A release message's stall timer or pass-on (see [`on_release_message`]).
+    Stall(StallCtl),
+    /// The channel's last local waiter left while this runtime may be queued for it, or with a
+    /// wake-up it did not use (`true`: pass it on).
+    Leave(String, bool),
 }
 
 /// How often a pub/sub connection with subscriptions is checked with `PING`: one that died
@@ -504,6 +638,11 @@ const RESUBSCRIBE_BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// release published while nobody listened is not slept through.
 struct SubTask {
     client: Client,
+    queueing: Arc<Queueing>,
+    /// Stall timers by channel (see [`STALL_AFTER`]).
+    stall: HashMap<String, Instant>,
+    /// Leaves and pass-ons to send (see the `wake` script).
+    leaves: Vec<(String, bool)>,
     config: AsyncConnectionConfig,
     queues: Weak<WaitQueues>,
     ctl: mpsc::WeakUnboundedSender<Ctl>,
@@ -528,10 +667,11 @@ impl SubTask {
         loop {
             let check_at = (self.conn.is_some() && !self.confirmed.is_empty())
                 .then(|| self.last_check + PUBSUB_CHECK_EVERY);
-            let timer = match (self.retry_at, check_at) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            };
+            let stall_at = self.stall.values().min().copied();
+            let timer = [self.retry_at, check_at, stall_at]
+                .into_iter()
+                .flatten()
+                .min();
             // Requests that queued up while a command was in flight are handled together: one
             // SUBSCRIBE for every new channel, then one UNSUBSCRIBE for every idle one.
             tokio::select! {
@@ -565,8 +705,18 @@ impl SubTask {
                             self.drop_conn();
                         }
                     }
+                    Ctl::Stall(StallCtl::Arm(ch)) => {
+                        self.stall.insert(ch, Instant::now() + STALL_AFTER);
+                    }
+                    Ctl::Stall(StallCtl::Disarm(ch)) => {
+                        self.stall.remove(&ch);
+                    }
+                    Ctl::Stall(StallCtl::PassOn(ch)) => self.leaves.push((ch, true)),
+                    Ctl::Leave(ch, pass) => self.leaves.push((ch, pass)),
                 }
             }
+            self.fire_stalls();
+            self.send_leaves().await;
             let queues = self.queues.upgrade();
             for ch in idle {
                 if queues.as_ref().is_none_or(|q| !q.has_waiters(&ch)) {
@@ -579,6 +729,53 @@ impl SubTask {
                 self.check().await;
             }
             self.reconcile().await;
+        }
+    }
+
+    /// Stall timers that ran out: the process a release woke did not try; a waiter here tries.
+    fn fire_stalls(&mut self) {
+        let now = Instant::now();
+        if !self.stall.values().any(|t| *t <= now) {
+            return;
+        }
+        let queues = self.queues.upgrade();
+        self.stall.retain(|ch, t| {
+            if *t > now {
+                return true;
+            }
+            if let Some(q) = &queues {
+                tracing::debug!(channel = %ch, "dlock: the process a release woke did not try; waking a waiter here");
+                q.wake_one_unless_pending(ch);
+            }
+            false
+        });
+    }
+
+    /// Leaves the waiters' queue of channels nobody here waits for any more, passing on an
+    /// unused wake-up (the `wake` script, on the pub/sub connection: RESP3 takes commands
+    /// there). A failure is left to the entry's expiry and the other processes' stall timers.
+    async fn send_leaves(&mut self) {
+        if self.leaves.is_empty() {
+            return;
+        }
+        let leaves = std::mem::take(&mut self.leaves);
+        let Some(con) = self.conn.as_mut() else {
+            return;
+        };
+        for (ch, pass) in leaves {
+            let Some(lock) = ch.strip_suffix(key::CHANNEL_SUFFIX) else {
+                continue;
+            };
+            let queue = key::suffixed(lock, key::QUEUE_SUFFIX);
+            let mut cmd = scripts::evalsha(&scripts::WAKE, 2, 5, 2 * ch.len() + 40);
+            cmd.arg(lock)
+                .arg(&queue)
+                .arg(&self.queueing.id)
+                .arg(&ch)
+                .arg(if pass { "1" } else { "0" });
+            if let Err(e) = scripts::run::<i64>(&scripts::WAKE, &cmd, con).await {
+                tracing::debug!(channel = %ch, error = %e, "dlock: leaving the waiters' queue failed; the entry expires by itself");
+            }
         }
     }
 
@@ -616,6 +813,7 @@ impl SubTask {
         let generation = self.generation;
         let ctl = self.ctl.clone();
         let queues = self.queues.clone();
+        let queueing = self.queueing.clone();
         let push = move |info: PushInfo| -> Result<(), ()> {
             let Some(queues) = queues.upgrade() else {
                 return Err(());
@@ -625,7 +823,15 @@ impl SubTask {
                     if let Some(Value::BulkString(ch)) = info.data.first()
                         && let Ok(ch) = std::str::from_utf8(ch)
                     {
-                        queues.wake_one(ch);
+                        let payload = match info.data.get(1) {
+                            Some(Value::BulkString(p)) => p.as_slice(),
+                            _ => b"1",
+                        };
+                        on_release_message(&queues, &queueing, ch, payload, |c| {
+                            if let Some(ctl) = ctl.upgrade() {
+                                let _ = ctl.send(Ctl::Stall(c));
+                            }
+                        });
                     }
                 }
                 PushKind::Disconnection => {
@@ -810,6 +1016,7 @@ impl RedisBackend {
             response_timeout: Duration::from_secs(3),
             connection_timeout: Duration::from_secs(1),
             reconnect_retries: 2,
+            queue: true,
             #[cfg(feature = "tls")]
             tls_root_cert: None,
         }
@@ -897,7 +1104,7 @@ impl RedisBackend {
         all: bool,
         publish: bool,
     ) -> Result<Released, LockError> {
-        let (mut con, _) = self.conn(name)?;
+        let (mut con, sub) = self.conn(name)?;
         let lock = key::lock_key(name);
         let channel = if publish {
             key::suffixed(&lock, key::CHANNEL_SUFFIX)
@@ -905,17 +1112,41 @@ impl RedisBackend {
             String::new()
         };
         let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
-        let mut cmd = scripts::evalsha(&scripts::RELEASE, 1, 5, 2 * lock.len() + owner.len() + 30);
-        cmd.arg(&lock)
-            .arg(owner)
+        // With queueing, the release wakes the queue's head (see "Waiting" on `RedisBackend`),
+        // and queues this runtime behind the others when waiters of its own remain.
+        let queue = publish && self.inner.config.queue;
+        let me = if queue {
+            self.queue_channel(&sub, &lock, false)
+        } else {
+            None
+        };
+        let mut cmd = scripts::evalsha(
+            &scripts::RELEASE,
+            if queue { 2 } else { 1 },
+            8,
+            4 * lock.len() + owner.len() + sub.queueing.id.len() + 40,
+        );
+        cmd.arg(&lock);
+        if queue {
+            cmd.arg(key::suffixed(&lock, key::QUEUE_SUFFIX));
+        }
+        cmd.arg(owner)
             .arg(keep)
             .arg(&channel)
             .arg(if all { 1 } else { 0 });
+        if me.is_some() {
+            cmd.arg(&sub.queueing.id).arg(ms(QUEUE_LIFE));
+        }
         let pinned = self.pinned(name, owner);
         if pinned.is_empty() {
             let r: i64 = scripts::run(&scripts::RELEASE, &cmd, &mut con)
                 .await
                 .map_err(|e| map_err(name, e))?;
+            if r == 0
+                && let Some(channel) = &me
+            {
+                sub.queueing.mark(channel);
+            }
             return Ok(crate::scripts::release_reply(r));
         }
         // Behind this owner's unanswered acquire calls, on their connections (see `Pin`).
@@ -1013,12 +1244,21 @@ impl RedisBackend {
     fn new_subscriber(&self, handle: &tokio::runtime::Handle) -> Arc<Subscriber> {
         let (ctl, rx) = mpsc::unbounded_channel::<Ctl>();
         let ctl_for_empty = ctl.clone();
-        let queues = WaitQueues::with_on_empty(Some(Box::new(move |channel: &str| {
+        let queueing = Queueing::new();
+        let q_for_empty = queueing.clone();
+        let queues = WaitQueues::with_on_empty_woken(Box::new(move |channel: &str, woken| {
+            // Leave the server's queue first, so that the unsubscription follows it.
+            if q_for_empty.unmark(channel) || woken {
+                let _ = ctl_for_empty.send(Ctl::Leave(channel.to_string(), woken));
+            }
             let _ = ctl_for_empty.send(Ctl::Unsubscribe(channel.to_string()));
-        })));
+        }));
         let c = &self.inner.config;
         let task = SubTask {
             client: self.inner.pubsub_client.clone(),
+            queueing: queueing.clone(),
+            stall: HashMap::new(),
+            leaves: Vec::new(),
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(Some(c.response_timeout))
                 .set_connection_timeout(Some(c.connection_timeout)),
@@ -1036,7 +1276,11 @@ impl RedisBackend {
             last_check: Instant::now(),
         };
         handle.spawn(task.run(rx));
-        Arc::new(Subscriber { queues, ctl })
+        Arc::new(Subscriber {
+            queues,
+            ctl,
+            queueing,
+        })
     }
 
     /// True while a refused SUBSCRIBE is in its back-off (see [`Refusal`]).
@@ -1233,7 +1477,7 @@ impl RedisBackend {
         wait: Option<(usize, Duration)>,
         holder: bool,
     ) -> Result<(Acquired, Option<Result<usize, String>>, Option<String>), LockError> {
-        let (mut con, _) = self.conn(name)?;
+        let (mut con, sub) = self.conn(name)?;
         con.defer_replace = true;
         let mut pin = PinOnDrop {
             backend: self,
@@ -1243,13 +1487,26 @@ impl RedisBackend {
         };
         let lock = key::lock_key(name);
         let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
-        let mut cmd = scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30);
-        cmd.arg(&lock)
-            .arg(&fence)
-            .arg(owner)
-            .arg(ms(ttl))
-            .arg(ms(ttl + FENCE_GRACE));
-        if holder {
+        // A waiter's try (its process has waiters for the name) queues the process on a busy
+        // answer (see "Waiting" on `RedisBackend`).
+        let queued = self.queue_channel(&sub, &lock, holder);
+        let mut cmd = match &queued {
+            None => scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30),
+            Some(_) => scripts::evalsha(
+                &scripts::ACQUIRE,
+                3,
+                8,
+                4 * lock.len() + owner.len() + sub.queueing.id.len() + 40,
+            ),
+        };
+        cmd.arg(&lock).arg(&fence);
+        if queued.is_some() {
+            cmd.arg(key::suffixed(&lock, key::QUEUE_SUFFIX));
+        }
+        cmd.arg(owner).arg(ms(ttl)).arg(ms(ttl + FENCE_GRACE));
+        if let Some(channel) = &queued {
+            cmd.arg(&sub.queueing.id).arg(channel);
+        } else if holder {
             cmd.arg(1);
         }
         let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
@@ -1299,11 +1556,25 @@ impl RedisBackend {
                 format!("unexpected reply from the acquire script: {r:?}"),
             )
         })?;
+        if let (Some(channel), Acquired::Busy { .. }) = (&queued, acquired) {
+            sub.queueing.mark(channel);
+        }
         let acked = acked.map(|v| match v {
             Value::Int(k) => Ok(k.max(0) as usize),
             other => Err(format!("unexpected WAIT reply {other:?}")),
         });
         Ok((acquired, acked, held_by))
+    }
+
+    /// The release channel of `lock` when a call for it should queue this runtime on the
+    /// server: queueing is on, this runtime has waiters for the name and its subscriptions are
+    /// not refused (a waiter that cannot hear its turn must not take one).
+    fn queue_channel(&self, sub: &Subscriber, lock: &str, holder: bool) -> Option<String> {
+        if !self.inner.config.queue || holder || !sub.queues.any_waiters() || self.refused_now() {
+            return None;
+        }
+        let channel = key::suffixed(lock, key::CHANNEL_SUFFIX);
+        sub.queues.has_waiters(&channel).then_some(channel)
     }
 
     /// [`Backend::release`]; with `publish` unset a lock it frees publishes no wake-up (Redlock's

@@ -133,7 +133,7 @@ impl RedlockBuilder {
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for b in self.nodes {
             nodes.push(Node {
-                backend: b.build()?,
+                backend: b.without_queue().build()?,
                 state: Mutex::new(NodeState::default()),
             });
         }

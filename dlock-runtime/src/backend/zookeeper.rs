@@ -913,6 +913,19 @@ impl Inner {
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Wakes the first local waiter of `name` that has no queued node of its own (by the owner
+    /// id it tries with). Returns whether one was.
+    fn wake_one_nodeless(&self, name: &str) -> bool {
+        let queued: Vec<String> = self
+            .holds()
+            .iter()
+            .filter(|((n, _), h)| n == name && !h.held && h.releasing.is_none())
+            .map(|((_, o), _)| o.clone())
+            .collect();
+        self.waiters
+            .wake_first_where(name, |o| o.is_none_or(|o| !queued.iter().any(|q| q == o)))
+    }
+
     /// The client, replaced by a new session when the current one expired or closed.
     async fn live_client(&self) -> Result<zk::Client, LockError> {
         let old = self.session().clone();
@@ -1185,9 +1198,9 @@ impl Inner {
                             h.watching = false;
                             h.watch_task = None;
                         }
-                        // The predecessor left (released or gave up): wake this process's waiters
-                        // for the name so the successor re-checks.
-                        while me.waiters.wake_one(&name) {}
+                        // The predecessor left (released or gave up): wake the waiter whose node
+                        // follows it, so it re-checks (one wake-up, not one per local waiter).
+                        me.waiters.wake_owner(&name, &wkey.1);
                     });
                     match self.holds().get_mut(&key) {
                         Some(h) if h.releasing.is_none() && h.watching => {
@@ -1203,7 +1216,7 @@ impl Inner {
                     if let Some(h) = self.holds().get_mut(&key) {
                         h.watching = false;
                     }
-                    while self.waiters.wake_one(name) {}
+                    self.waiters.wake_owner(name, owner);
                 }
                 Err(e) => {
                     if let Some(h) = self.holds().get_mut(&key) {
@@ -1534,8 +1547,9 @@ async fn reap(
                 // A waiter of this process that queued behind local waiters without a node of
                 // its own (the lock loop does not barge past them) watches nothing: wake one
                 // so it tries. Without this, two tasks sharing a backend could each wait for
-                // the other until their deadlines.
-                inner.waiters.wake_one(&key.0);
+                // the other until their deadlines. Only such a waiter: one with a queued node
+                // is woken by its own predecessor's watch (no local herd, issue 19).
+                inner.wake_one_nodeless(&key.0);
                 return;
             }
             Err(e) => {

@@ -3,11 +3,17 @@
 -- KEYS[2] fence key  `dlock:{E}:fence`  last token handed out for this name
 -- ARGV[1] owner id, ARGV[2] ttl in ms (a positive integer of at most 14 digits, below 2^48),
 -- ARGV[3] fence key ttl in ms (a positive integer)
+-- KEYS[3] (optional) waiters' queue `dlock:{E}:q` (zset: process id -> expiry in server ms),
+-- ARGV[4] the caller's process id, ARGV[5] the release channel: given when the caller's process
+-- has waiters for the name (never with the holder flag below). A busy try then queues the process (at the back,
+-- live until the holder's lease or the caller's ttl, whichever is longer, plus 2 s), and a busy
+-- try or a first acquisition publishes 't' on the channel: the name was looked at after the last
+-- release, so the other processes stop their stall timers (see release.lua).
 -- Returns, by reply type:
 --   bulk string  the token (decimal digits) of a first acquisition: the caller holds it once;
 --   array        {token, count} of a re-entry (the caller's hold count after it);
 --   integer      the remaining lease in ms (-1: no expiry) when another owner holds the lock;
---   array        {remaining ms, holder's owner id} instead when ARGV[4] is given (Redlock: a
+--   array        {remaining ms, holder's owner id} instead when ARGV[4] is given without KEYS[3] (Redlock: a
 --                failed try tells from it whether one owner holds a quorum of the nodes).
 -- Cost notes (server time is what limits throughput; see BENCHMARKS.md): every redis.call
 -- costs a few thousand instructions, and so does a Lua number passed to redis.call (Redis
@@ -41,6 +47,9 @@ if pttl == -2 then
   end
   redis.call('HSET', KEYS[1], ARGV[1], '1', ':fence', token)
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  if KEYS[3] then
+    redis.pcall('PUBLISH', ARGV[5], 't')
+  end
   return token
 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
@@ -49,6 +58,20 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
   end
   return {redis.call('HGET', KEYS[1], ':fence') or '0', count}
+end
+if KEYS[3] then
+  local t = redis.call('TIME')
+  local life = tonumber(ttl)
+  if pttl > life then
+    life = pttl
+  end
+  life = life + 2000
+  -- pcall: a user whose ACL lacks ZADD still gets its busy answer (and is woken by the
+  -- releases of others as every process is when nobody is queued).
+  redis.pcall('ZADD', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + life, ARGV[4])
+  redis.pcall('PEXPIRE', KEYS[3], life)
+  redis.pcall('PUBLISH', ARGV[5], 't')
+  return pttl
 end
 if ARGV[4] then
   local ks = redis.call('HKEYS', KEYS[1])

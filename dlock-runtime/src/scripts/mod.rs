@@ -16,6 +16,8 @@ pub(crate) static RELEASE: LazyLock<Script> =
 /// Owner-checked lease extension.
 pub(crate) static EXTEND: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("extend.lua")));
+/// Leaves a name's waiters' queue, passing on a wake-up the process cannot use.
+pub(crate) static WAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("wake.lua")));
 /// Raises a name's fence to a given token (Redlock's write-back of the token it granted).
 pub(crate) static FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("fence.lua")));

@@ -339,6 +339,12 @@ impl RedisAdmin {
                     let ev: String = msg.get_payload().unwrap_or_default();
                     (k.to_string(), ev)
                 } else if let Some(k) = channel.strip_suffix(":rel") {
+                    // `t` is a queued waiter's try (the waiters' queue's stall-timer stop), not
+                    // a release; a release publishes `1` or `w<process id>`.
+                    let payload: String = msg.get_payload().unwrap_or_default();
+                    if payload == "t" {
+                        continue;
+                    }
                     (k.to_string(), "release".to_string())
                 } else {
                     continue;

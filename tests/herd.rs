@@ -1,0 +1,362 @@
+//! No remote herd (issue 19, item 2's target): several backends, each standing for one process
+//! with waiters of its own, wait on one name; a release must wake exactly one of them, not one
+//! waiter per backend. Tries are counted at the `Backend` trait, as `benches/handoff_bench.rs`
+//! does. Redis here (one backend per simulated process, each with its own pub/sub connection
+//! and queue id); the other engines beside it behind their features.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use common::RedisProc;
+use dlock::{
+    Acquired, Backend, BoxFuture, Extended, Lock, LockError, LockGuard, RedisBackend, Released,
+    Watch,
+};
+
+/// Forwards every trait method to `inner`, counting `try_acquire` calls.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Backend>,
+    tries: AtomicU64,
+}
+
+impl Counting {
+    fn new(inner: Arc<dyn Backend>) -> Arc<Counting> {
+        Arc::new(Counting {
+            inner,
+            tries: AtomicU64::new(0),
+        })
+    }
+    fn tries(&self) -> u64 {
+        self.tries.load(Ordering::SeqCst)
+    }
+}
+
+impl Backend for Counting {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.tries.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        self.inner.lease_margin(ttl)
+    }
+    fn queues_contenders(&self) -> bool {
+        self.inner.queues_contenders()
+    }
+    fn lease_expires_by_ttl(&self) -> bool {
+        self.inner.lease_expires_by_ttl()
+    }
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
+    }
+}
+
+const TTL: Duration = Duration::from_secs(20);
+
+/// Waits until no backend's try count moved for `quiet`, up to 10 s.
+async fn settle(backends: &[Arc<Counting>], quiet: Duration) -> Vec<u64> {
+    let end = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut last: Vec<u64> = backends.iter().map(|b| b.tries()).collect();
+    loop {
+        tokio::time::sleep(quiet).await;
+        let now: Vec<u64> = backends.iter().map(|b| b.tries()).collect();
+        if now == last || tokio::time::Instant::now() > end {
+            return now;
+        }
+        last = now;
+    }
+}
+
+/// The scenario: `holder` takes `name`; `per` waiters on each of `backends` queue behind it
+/// (each a separate process's backend); `before_release` runs; the holder releases. Returns the
+/// tries each backend made from just before the release until 1.5 s after the first grant (past
+/// the stall timers), and the time from the release to that grant.
+async fn release_among_waiting_backends(
+    holder: Arc<dyn Backend>,
+    backends: &[Arc<Counting>],
+    name: &str,
+    per: usize,
+    before_release: impl std::future::Future<Output = ()>,
+) -> (Vec<u64>, Duration) {
+    let g = Lock::new(name)
+        .ttl(TTL)
+        .with_backend(holder)
+        .acquire()
+        .await
+        .expect("holder");
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<LockGuard>();
+    let mut tasks = Vec::new();
+    for b in backends {
+        for _ in 0..per {
+            let b: Arc<dyn Backend> = b.clone();
+            let (tx, name) = (tx.clone(), name.to_string());
+            tasks.push(tokio::spawn(async move {
+                if let Ok(g) = Lock::new(name)
+                    .ttl(TTL)
+                    .wait(Duration::from_secs(15))
+                    .with_backend(b)
+                    .acquire()
+                    .await
+                {
+                    let _ = tx.send(g);
+                }
+            }));
+            // Arrival order across backends is the queue order.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+        }
+    }
+    let before = settle(backends, Duration::from_millis(400)).await;
+    before_release.await;
+    let released = tokio::time::Instant::now();
+    g.release().await.expect("release");
+    let first = tokio::time::timeout(Duration::from_secs(15), rx.recv())
+        .await
+        .expect("a waiter got the lock")
+        .expect("guard");
+    let took = released.elapsed();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let after: Vec<u64> = backends.iter().map(|b| b.tries()).collect();
+    drop(first);
+    for t in tasks {
+        t.abort();
+    }
+    (
+        after.iter().zip(&before).map(|(a, b)| a - b).collect(),
+        took,
+    )
+}
+
+async fn redis_backends(server: &RedisProc, n: usize) -> Vec<Arc<Counting>> {
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let b = RedisBackend::connect(&server.url()).await.expect("connect");
+        v.push(Counting::new(Arc::new(b)));
+    }
+    v
+}
+
+/// Three processes (backends) with two waiters each; one release: exactly one try in all (the
+/// woken waiter's, granted), where before every backend woke a waiter of its own (3 tries).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_one_release_wakes_one_process_of_three() {
+    let server = RedisProc::start();
+    let holder = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let backends = redis_backends(&server, 3).await;
+    let (tries, _) =
+        release_among_waiting_backends(holder, &backends, "herd-one", 2, async {}).await;
+    assert_eq!(
+        tries.iter().sum::<u64>(),
+        1,
+        "tries per backend after one release: {tries:?} (one process woken, one try)"
+    );
+}
+
+/// A queued process that died (its entry is still live on the server and heads the queue) is
+/// woken by the release and never tries: the other processes' stall timers hand the lock on
+/// within about half a second, not at the holder's lease end (20 s). A stale entry (expired by
+/// the server's clock) is skipped without costing anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_dead_queued_process_costs_one_stall_not_a_lease() {
+    let server = RedisProc::start();
+    let holder = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let backends = redis_backends(&server, 2).await;
+    let queue = "dlock:{herd-dead}:q";
+    let mut admin = server.admin_async().await;
+    let (tries, took) = release_among_waiting_backends(holder, &backends, "herd-dead", 2, async {
+        // A dead process at the head (live for a minute) and a stale one before it.
+        let _: () = redis::cmd("ZADD")
+            .arg(queue)
+            .arg(1)
+            .arg("stale-process")
+            .arg(1)
+            .arg("dead-process")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        let now_ms: u64 = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        let _: () = redis::cmd("ZADD")
+            .arg(queue)
+            .arg(now_ms + 5_000)
+            .arg("dead-process")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    })
+    .await;
+    assert!(
+        took < Duration::from_secs(3),
+        "hand-off after the dead process was woken took {took:?}"
+    );
+    assert!(
+        tries.iter().sum::<u64>() <= 2,
+        "tries per backend: {tries:?} (one per process after the stall)"
+    );
+}
+
+/// A waiter that gives up removes its process's entry: once the last waiter of a backend timed
+/// out, the queue holds nothing of it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_process_whose_waiters_left_leaves_the_queue() {
+    let server = RedisProc::start();
+    let holder = RedisBackend::connect(&server.url()).await.unwrap();
+    let waiter = RedisBackend::connect(&server.url()).await.unwrap();
+    let g = Lock::new("herd-leave")
+        .ttl(TTL)
+        .with_backend(Arc::new(holder))
+        .acquire()
+        .await
+        .unwrap();
+    let mut admin = server.admin_async().await;
+    let w: Arc<dyn Backend> = Arc::new(waiter);
+    let e = Lock::new("herd-leave")
+        .ttl(TTL)
+        .wait(Duration::from_millis(600))
+        .with_backend(w.clone())
+        .acquire()
+        .await
+        .unwrap_err();
+    assert!(matches!(e, LockError::TimedOut { .. }), "{e}");
+    // The leave is sent by the backend's subscriber task, right after the wait ended.
+    let mut n: u64 = 1;
+    for _ in 0..50 {
+        n = redis::cmd("ZCARD")
+            .arg("dlock:{herd-leave}:q")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(n, 0, "the waiter's process is still queued");
+    g.release().await.unwrap();
+}
+
+/// The same on Sentinel: three `SentinelBackend`s over one master (each its own `RedisBackend`
+/// on it), two waiters each; one release, one try.
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_one_release_wakes_one_process_of_three() {
+    use common::sentinel::{MASTER, SentinelSet};
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let connect = || dlock::SentinelBackend::connect(MASTER, set.sentinel_urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder, &backends, "herd-sentinel", 2, async {}).await;
+    assert_eq!(
+        tries.iter().sum::<u64>(),
+        1,
+        "tries per backend after one release: {tries:?}"
+    );
+}
+
+/// The same on Redis Cluster (the queue key is in the lock's slot; SPUBLISH): three
+/// `ClusterBackend`s over one cluster, two waiters each; one release, one try.
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_one_release_wakes_one_process_of_three() {
+    use common::cluster::ClusterSet;
+    let set = tokio::task::spawn_blocking(|| ClusterSet::start(3, 0))
+        .await
+        .unwrap();
+    let connect = || dlock::ClusterBackend::connect(set.urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder, &backends, "herd-cluster", 2, async {}).await;
+    assert_eq!(
+        tries.iter().sum::<u64>(),
+        1,
+        "tries per backend after one release: {tries:?}"
+    );
+}
+
+/// etcd: three backends with two waiters each, then one backend with four: one release wakes
+/// exactly one waiter (the one whose key followed the released one), not every local waiter of
+/// the name in its process (before: all of them, `while wake_one {}`, 2 tries here and 4 in the
+/// one-backend case, the others answered busy without a request).
+#[cfg(feature = "etcd")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_one_release_wakes_one_waiter_locally_and_across_processes() {
+    use common::etcd::{EtcdCluster, etcd_backend};
+    let cluster = tokio::task::spawn_blocking(EtcdCluster::single)
+        .await
+        .unwrap();
+    let holder = Arc::new(etcd_backend(&cluster).await);
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(etcd_backend(&cluster).await)));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder.clone(), &backends, "herd-etcd", 2, async {}).await;
+    assert_eq!(tries.iter().sum::<u64>(), 1, "tries per backend: {tries:?}");
+    let one = vec![Counting::new(Arc::new(etcd_backend(&cluster).await))];
+    let (tries, _) =
+        release_among_waiting_backends(holder, &one, "herd-etcd-local", 4, async {}).await;
+    assert_eq!(tries, vec![1], "tries of the one backend with four waiters");
+}
+
+/// ZooKeeper: the same as for etcd (before: every local waiter of the name was woken by the
+/// predecessor's notification, and all but one answered busy without a request).
+#[cfg(feature = "zookeeper")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_one_release_wakes_one_waiter_locally_and_across_processes() {
+    use common::zookeeper::{ZkProc, zk_backend};
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let holder = Arc::new(zk_backend(&server).await);
+    let mut backends = Vec::new();
+    for _ in 0..3 {
+        backends.push(Counting::new(Arc::new(zk_backend(&server).await)));
+    }
+    let (tries, _) =
+        release_among_waiting_backends(holder.clone(), &backends, "herd-zk", 2, async {}).await;
+    assert_eq!(tries.iter().sum::<u64>(), 1, "tries per backend: {tries:?}");
+    let one = vec![Counting::new(Arc::new(zk_backend(&server).await))];
+    let (tries, _) =
+        release_among_waiting_backends(holder, &one, "herd-zk-local", 4, async {}).await;
+    assert_eq!(tries, vec![1], "tries of the one backend with four waiters");
+}
