@@ -11,10 +11,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::RedisProc;
-use dlock::{
-    Acquired, Backend, BoxFuture, Extended, Lock, LockError, LockGuard, RedisBackend, Released,
-    Watch,
-};
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, Lock, LockError, LockGuard, RedisBackend};
 
 /// Forwards every trait method to `inner`, counting `try_acquire` calls.
 #[derive(Debug)]
