@@ -659,8 +659,8 @@ mod sql_admin {
             crate::common::Kind::Postgres => {
                 let c = crate::common::sql::pg_admin(&env.db().url).await;
                 c.batch_execute(&format!(
-                    "INSERT INTO {t} VALUES ('\\xff00', 'x', 1, 1, now() + interval '1 hour'); \
-                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, now() + interval '1 hour');"
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('\\xff00', 'x', 1, 1, now() + interval '1 hour'); \
+                     INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:bad', 'x', -1, 1, now() + interval '1 hour');"
                 ))
                 .await
                 .expect("insert foreign rows");
@@ -670,8 +670,8 @@ mod sql_admin {
                 use dlock::mysql_async::prelude::Queryable;
                 let mut c = crate::common::sql::my_admin(&env.db().url).await;
                 c.query_drop(format!(
-                    "INSERT INTO {t} VALUES (X'ff00', 'x', 1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR); \
-                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES (X'ff00', 'x', 1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR); \
+                     INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:bad', 'x', -1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
                 ))
                 .await
                 .expect("insert foreign rows");
@@ -692,7 +692,7 @@ mod sql_admin {
             crate::common::Kind::Postgres => {
                 let c = crate::common::sql::pg_admin(&env.db().url).await;
                 c.batch_execute(&format!(
-                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:exp', 'dead-owner', 1, 4242, \
                      clock_timestamp() + interval '600 milliseconds')"
                 ))
                 .await
@@ -703,7 +703,7 @@ mod sql_admin {
                 use dlock::mysql_async::prelude::Queryable;
                 let mut c = crate::common::sql::my_admin(&env.db().url).await;
                 c.query_drop(format!(
-                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:exp', 'dead-owner', 1, 4242, \
                      UTC_TIMESTAMP(6) + INTERVAL 600000 MICROSECOND)"
                 ))
                 .await

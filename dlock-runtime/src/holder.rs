@@ -12,7 +12,8 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 
-/// The environment variable read for the holder name when [`set_holder_name`] was not called.
+/// The environment variable read (once, at the first lock) for the holder name when
+/// [`set_holder_name`] was not called.
 pub const HOLDER_NAME_ENV: &str = "DLOCK_HOLDER_NAME";
 
 /// The longest holder name kept, in characters (a longer one is cut).
@@ -124,10 +125,15 @@ pub fn holder_identity() -> HolderId {
     let set = NAME.read().unwrap_or_else(|e| e.into_inner()).clone();
     let name = set
         .or_else(|| {
-            std::env::var(HOLDER_NAME_ENV)
-                .ok()
-                .map(|n| clean_name(&n))
-                .filter(|n| !n.is_empty())
+            static FROM_ENV: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+            FROM_ENV
+                .get_or_init(|| {
+                    std::env::var(HOLDER_NAME_ENV)
+                        .ok()
+                        .map(|n| clean_name(&n))
+                        .filter(|n| !n.is_empty())
+                })
+                .clone()
         })
         .unwrap_or_else(binary_name);
     HolderId {
@@ -137,9 +143,54 @@ pub fn holder_identity() -> HolderId {
     }
 }
 
-/// [`holder_identity`] in its stored form, `name@host:pid`.
-pub(crate) fn holder_text() -> String {
-    holder_identity().to_string()
+/// [`holder_identity`] in its stored form, `name@host:pid`; computed again only after
+/// [`set_holder_name`] or in a forked child (a new pid), so a backend may call it per grant.
+pub(crate) fn holder_text() -> Arc<str> {
+    static CACHE: RwLock<Option<(u64, u32, Arc<str>)>> = RwLock::new(None);
+    let generation = GENERATION.load(Ordering::Relaxed);
+    let pid = std::process::id();
+    if let Some((g, p, t)) = CACHE.read().unwrap_or_else(|e| e.into_inner()).as_ref()
+        && *g == generation
+        && *p == pid
+    {
+        return t.clone();
+    }
+    let t: Arc<str> = holder_identity().to_string().into();
+    *CACHE.write().unwrap_or_else(|e| e.into_inner()) = Some((generation, pid, t.clone()));
+    t
+}
+
+/// The prefix of [`application_name`].
+pub(crate) const APPLICATION_NAME_PREFIX: &str = "dlock ";
+
+/// `dlock name@host:pid` for PostgreSQL's `application_name` (what `pg_stat_activity` shows,
+/// and how the admin names an advisory lock's holder): printable ASCII only (others as `?`,
+/// which PostgreSQL would otherwise escape) and at most 63 bytes (the server's limit), the name
+/// cut to fit.
+pub(crate) fn application_name() -> String {
+    let id = holder_identity_cached();
+    let ascii = |s: &str| -> String {
+        s.chars()
+            .map(|c| {
+                if c.is_ascii() && !c.is_ascii_control() {
+                    c
+                } else {
+                    '?'
+                }
+            })
+            .collect()
+    };
+    let tail = format!("@{}:{}", ascii(&id.host), id.pid);
+    let room = 63usize.saturating_sub(APPLICATION_NAME_PREFIX.len() + tail.len());
+    let name: String = ascii(&id.name).chars().take(room).collect();
+    let mut s = format!("{APPLICATION_NAME_PREFIX}{name}{tail}");
+    s.truncate(63);
+    s
+}
+
+/// [`holder_identity`] from the cache of [`holder_text`].
+fn holder_identity_cached() -> HolderId {
+    HolderId::parse(&holder_text()).unwrap_or_else(holder_identity)
 }
 
 /// The binary's file name without extension (`"dlock"` when unknown).
@@ -291,6 +342,18 @@ mod tests {
         assert_eq!(HolderId::parse("no-pid@host"), None);
         assert_eq!(HolderId::parse("nohost:12"), None);
         assert_eq!(HolderId::parse("x@:12"), None);
+    }
+
+    #[test]
+    fn application_name_fits_postgres() {
+        let a = application_name();
+        assert!(
+            a.starts_with(APPLICATION_NAME_PREFIX) && a.len() <= 63,
+            "{a}"
+        );
+        assert!(a.bytes().all(|b| (0x20..0x7f).contains(&b)), "{a}");
+        let id = HolderId::parse(&a[APPLICATION_NAME_PREFIX.len()..]).unwrap();
+        assert_eq!(id.pid, std::process::id());
     }
 
     #[test]

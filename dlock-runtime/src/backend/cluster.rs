@@ -228,6 +228,7 @@ impl ClusterBackendBuilder {
                 op_timeout: self.op_timeout,
                 retries: self.retries,
                 reaper: Arc::default(),
+                registration: Default::default(),
             }),
         })
     }
@@ -272,6 +273,8 @@ struct Inner {
     retries: u32,
     /// Releases being retried in the background (see [`Reaper`]).
     reaper: Arc<Reaper>,
+    /// When this process's holder identity is written next (see `redis::write_holder`).
+    registration: crate::holder::Registration,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -871,20 +874,28 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let (r, acked) = run_script(
+            // The holder identity's key (`dlock:holder:<process>`) when due, in parallel with
+            // the script (its slot may be on another master): no round trip added.
+            let holder_write =
+                self.inner.registration.due(owner).then(|| {
+                    super::redis::write_holder(&self.inner.registration, con.clone(), owner)
+                });
+            let (ttl_ms, fence_ms) = (ms(ttl).to_string(), ms(ttl + FENCE_GRACE).to_string());
+            let script_keys = [keys.lock.as_str(), keys.fence.as_str()];
+            let args = [owner.as_bytes(), ttl_ms.as_bytes(), fence_ms.as_bytes()];
+            let call = run_script(
                 &self.inner,
                 &mut con,
                 &ACQUIRE,
-                &[&keys.lock, &keys.fence],
-                &[
-                    owner.as_bytes(),
-                    ms(ttl).to_string().as_bytes(),
-                    ms(ttl + FENCE_GRACE).to_string().as_bytes(),
-                ],
+                &script_keys,
+                &args,
                 self.inner.min_replicas,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
+            );
+            let r = match holder_write {
+                Some(w) => tokio::join!(w, call).1,
+                None => call.await,
+            };
+            let (r, acked) = r.map_err(|e| LockError::backend(name, e))?;
             let acquired = crate::scripts::acquire_reply(&r).ok_or_else(|| {
                 LockError::backend(
                     name,
@@ -933,16 +944,19 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let (r, _) = run_script(
-                &self.inner,
-                &mut con,
-                &EXTEND,
-                &[&keys.lock],
-                &[owner.as_bytes(), ms(ttl).to_string().as_bytes()],
-                None,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
+            let holder_write =
+                self.inner.registration.due(owner).then(|| {
+                    super::redis::write_holder(&self.inner.registration, con.clone(), owner)
+                });
+            let ttl_ms = ms(ttl).to_string();
+            let script_keys = [keys.lock.as_str()];
+            let args = [owner.as_bytes(), ttl_ms.as_bytes()];
+            let call = run_script(&self.inner, &mut con, &EXTEND, &script_keys, &args, None);
+            let r = match holder_write {
+                Some(w) => tokio::join!(w, call).1,
+                None => call.await,
+            };
+            let (r, _) = r.map_err(|e| LockError::backend(name, e))?;
             let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
             Ok(crate::scripts::extend_reply(r))
         })

@@ -756,7 +756,7 @@ impl SubTask {
 pub(crate) async fn write_holder(reg: &Registration, mut con: impl ConnectionLike, owner: &str) {
     let r: redis::RedisResult<()> = redis::cmd("SET")
         .arg(key::holder_key(crate::holder::process_of(owner)))
-        .arg(crate::holder::holder_text())
+        .arg(&*crate::holder::holder_text())
         .arg("EX")
         .arg(Registration::TTL.as_secs())
         .query_async(&mut con)
