@@ -495,10 +495,11 @@ impl Advisory {
             };
             tokio::time::timeout(self.op_timeout, client.query_typed(&sql, params)).await
         };
-        if rename && matches!(r, Ok(Ok(_))) {
-            if let Some(s) = guard.as_mut() {
-                s.app_name = app_name;
-            }
+        if rename
+            && matches!(r, Ok(Ok(_)))
+            && let Some(s) = guard.as_mut()
+        {
+            s.app_name = app_name;
         }
         let forget = |this: &Self| {
             let mut held = this.held();
