@@ -864,6 +864,23 @@ fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
 }
 
+/// How long a call waits for its holder-identity write (`redis::write_holder`): the identity
+/// key's slot may live on another master, which must not slow the call down by more than this
+/// when it is slow or down (a write cut off is tried again 10 s later).
+const HOLDER_WRITE_BOUND: Duration = Duration::from_millis(250);
+
+/// [`super::redis::write_holder`] bounded by [`HOLDER_WRITE_BOUND`].
+async fn write_holder_bounded(
+    reg: &crate::holder::Registration,
+    con: ClusterConnection,
+    owner: &str,
+) {
+    let w = super::redis::write_holder(reg, con, owner);
+    if tokio::time::timeout(HOLDER_WRITE_BOUND, w).await.is_err() {
+        reg.failed();
+    }
+}
+
 impl Backend for ClusterBackend {
     fn try_acquire<'a>(
         &'a self,
@@ -876,10 +893,11 @@ impl Backend for ClusterBackend {
             let keys = redis_keys(name);
             // The holder identity's key (`dlock:holder:<process>`) when due, in parallel with
             // the script (its slot may be on another master): no round trip added.
-            let holder_write =
-                self.inner.registration.due(owner).then(|| {
-                    super::redis::write_holder(&self.inner.registration, con.clone(), owner)
-                });
+            let holder_write = self
+                .inner
+                .registration
+                .due(owner)
+                .then(|| write_holder_bounded(&self.inner.registration, con.clone(), owner));
             let (ttl_ms, fence_ms) = (ms(ttl).to_string(), ms(ttl + FENCE_GRACE).to_string());
             let script_keys = [keys.lock.as_str(), keys.fence.as_str()];
             let args = [owner.as_bytes(), ttl_ms.as_bytes(), fence_ms.as_bytes()];
@@ -944,10 +962,11 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let holder_write =
-                self.inner.registration.due(owner).then(|| {
-                    super::redis::write_holder(&self.inner.registration, con.clone(), owner)
-                });
+            let holder_write = self
+                .inner
+                .registration
+                .due(owner)
+                .then(|| write_holder_bounded(&self.inner.registration, con.clone(), owner));
             let ttl_ms = ms(ttl).to_string();
             let script_keys = [keys.lock.as_str()];
             let args = [owner.as_bytes(), ttl_ms.as_bytes()];
