@@ -96,6 +96,48 @@ async fn held_locks_are_listed_and_shown_with_owner_token_and_lease(env: Env) {
     }
 }
 
+/// The holder name every test of this binary sets: with a bell and a newline, which the stored
+/// identity must not carry.
+const HOLDER_NAME: &str = "adm-holder\u{7}\n-x";
+const HOLDER_NAME_STORED: &str = "adm-holder-x";
+
+/// Who holds a lock (issue 20): `list` and `show` report the holder's host, pid and the name the
+/// application set, with the control characters stripped.
+async fn held_locks_name_their_holder(env: Env) {
+    dlock::set_holder_name(HOLDER_NAME);
+    let admin = env.admin().await;
+    let g = env
+        .lock("adm:who:1")
+        .ttl(Duration::from_secs(20))
+        .acquire()
+        .await
+        .unwrap();
+    let me = dlock::holder_identity();
+    assert_eq!(me.name, HOLDER_NAME_STORED, "control characters stripped");
+    let check = |what: &str, info: &dlock::admin::LockInfo| {
+        assert_eq!(info.holders.len(), 1, "{what}: {info:?}");
+        let id = info.holders[0]
+            .identity
+            .as_ref()
+            .unwrap_or_else(|| panic!("{what} names no holder: {info:?}"));
+        assert_eq!(id.name, HOLDER_NAME_STORED, "{what}: {id:?}");
+        assert_eq!(id.host, me.host, "{what}: {id:?}");
+        assert_eq!(id.pid, std::process::id(), "{what}: {id:?}");
+        assert_eq!(
+            id.to_string(),
+            format!("{HOLDER_NAME_STORED}@{}:{}", me.host, me.pid)
+        );
+    };
+    let shown = admin.show("adm:who:1").await.expect("show").expect("held");
+    check("show", &shown);
+    if env.admin_sees_names_and_tokens() {
+        let listing = admin.list("adm:who:").await.expect("list");
+        assert_eq!(listing.locks.len(), 1, "{:?}", listing.locks);
+        check("list", &listing.locks[0]);
+    }
+    g.release().await.unwrap();
+}
+
 async fn force_release_evicts_the_holder_and_wakes_a_waiter_elsewhere(env: Env) {
     let admin = env.admin().await;
     let name = "adm:force";
@@ -324,6 +366,7 @@ macro_rules! admin_backends {
 
 admin_backends!(
     held_locks_are_listed_and_shown_with_owner_token_and_lease,
+    held_locks_name_their_holder,
     force_release_evicts_the_holder_and_wakes_a_waiter_elsewhere,
     force_release_leaves_a_hold_that_changed_hands,
     force_release_of_a_free_name_reports_not_held,
@@ -463,6 +506,57 @@ async fn redis_foreign_keys_are_skipped_not_shown() {
     g.release().await.unwrap();
 }
 
+/// Redis keeps the holder identity in one key per process (`dlock:holder:<process>`, expiring
+/// after an hour), written beside the first acquisition and then once per 20 minutes: the lock
+/// scripts do not change and later acquisitions and renewals send nothing more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_holder_identity_is_written_once_per_process_not_per_call() {
+    dlock::set_holder_name(HOLDER_NAME);
+    let env = Env::redis().await;
+    let calls = |stats: &std::collections::BTreeMap<String, u64>, c: &str| {
+        stats.get(c).copied().unwrap_or(0)
+    };
+    let before = env.server().commandstats();
+    let ttl = Duration::from_secs(30);
+    let g = env.lock("who:once").ttl(ttl).acquire().await.unwrap();
+    let first = env.server().commandstats();
+    // The script's fence SET, and the identity's.
+    assert_eq!(calls(&first, "set") - calls(&before, "set"), 2);
+    for i in 0..20 {
+        g.extend(ttl).await.unwrap();
+        let again = env
+            .lock(&format!("who:more:{i}"))
+            .ttl(ttl)
+            .acquire()
+            .await
+            .unwrap();
+        again.release().await.unwrap();
+    }
+    let after = env.server().commandstats();
+    // 20 first acquisitions: one fence SET each, no identity SET.
+    assert_eq!(calls(&after, "set") - calls(&first, "set"), 20);
+    assert_eq!(calls(&after, "evalsha") - calls(&first, "evalsha"), 60);
+
+    let mut con = env.server().admin_async().await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("dlock:holder:*")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    let owner_process = g.owner().split(':').next().unwrap().to_string();
+    assert_eq!(keys[0], format!("dlock:holder:{owner_process}"));
+    let (value, left): (String, i64) = redis::pipe()
+        .get(&keys[0])
+        .ttl(&keys[0])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(value, dlock::holder_identity().to_string());
+    assert!(left > 3500 && left <= 3600, "{left}");
+    g.release().await.unwrap();
+}
+
 /// What the database admins do beyond the shared suite: the `dlock_table` / `dlock_mode` URL
 /// parameters, rows that are not dlock locks, expiries seen by a watch, advisory mode's refusal
 /// to end a session that holds other locks, and no password in any error.
@@ -565,8 +659,8 @@ mod sql_admin {
             crate::common::Kind::Postgres => {
                 let c = crate::common::sql::pg_admin(&env.db().url).await;
                 c.batch_execute(&format!(
-                    "INSERT INTO {t} VALUES ('\\xff00', 'x', 1, 1, now() + interval '1 hour'); \
-                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, now() + interval '1 hour');"
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('\\xff00', 'x', 1, 1, now() + interval '1 hour'); \
+                     INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:bad', 'x', -1, 1, now() + interval '1 hour');"
                 ))
                 .await
                 .expect("insert foreign rows");
@@ -576,8 +670,8 @@ mod sql_admin {
                 use dlock::mysql_async::prelude::Queryable;
                 let mut c = crate::common::sql::my_admin(&env.db().url).await;
                 c.query_drop(format!(
-                    "INSERT INTO {t} VALUES (X'ff00', 'x', 1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR); \
-                     INSERT INTO {t} VALUES ('sql:bad', 'x', -1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES (X'ff00', 'x', 1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR); \
+                     INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:bad', 'x', -1, 1, UTC_TIMESTAMP(6) + INTERVAL 1 HOUR)"
                 ))
                 .await
                 .expect("insert foreign rows");
@@ -598,7 +692,7 @@ mod sql_admin {
             crate::common::Kind::Postgres => {
                 let c = crate::common::sql::pg_admin(&env.db().url).await;
                 c.batch_execute(&format!(
-                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:exp', 'dead-owner', 1, 4242, \
                      clock_timestamp() + interval '600 milliseconds')"
                 ))
                 .await
@@ -609,7 +703,7 @@ mod sql_admin {
                 use dlock::mysql_async::prelude::Queryable;
                 let mut c = crate::common::sql::my_admin(&env.db().url).await;
                 c.query_drop(format!(
-                    "INSERT INTO {t} VALUES ('sql:exp', 'dead-owner', 1, 4242, \
+                    "INSERT INTO {t} (name, owner, count, fence, expires_at) VALUES ('sql:exp', 'dead-owner', 1, 4242, \
                      UTC_TIMESTAMP(6) + INTERVAL 600000 MICROSECOND)"
                 ))
                 .await

@@ -612,12 +612,20 @@ async fn lua_shaped_names_work_and_touch_no_other_keys(env: Env) {
     if let Some(a) = admin.as_mut() {
         let v: Option<String> = redis::cmd("GET").arg("bystander").query(a).unwrap();
         assert_eq!(v.as_deref(), Some("1"));
-        // Only the fence keys (kept past release) remain, one per name.
-        assert_eq!(dbsize(a), base.unwrap() + names.len() as i64);
+        // Only the fence keys (kept past release) remain, one per name, and this process's
+        // holder identity key (one per process, whatever the names).
         let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(a).unwrap();
+        let holder_keys = keys
+            .iter()
+            .filter(|k| k.starts_with("dlock:holder:"))
+            .count() as i64;
+        assert!(holder_keys <= 1, "{keys:?}");
+        assert_eq!(dbsize(a), base.unwrap() + names.len() as i64 + holder_keys);
         for k in keys {
             assert!(
-                k == "bystander" || (k.starts_with("dlock:{") && k.ends_with(":fence")),
+                k == "bystander"
+                    || k.starts_with("dlock:holder:")
+                    || (k.starts_with("dlock:{") && k.ends_with(":fence")),
                 "unexpected key {k:?}"
             );
         }

@@ -690,6 +690,134 @@ mod on_postgres {
         .await;
     }
 
+    /// Issue 20: a lock table of an older version (no `holder` column, a row held by a process
+    /// of that version) is left alone with `create_schema(false)` (locks work, no holder is
+    /// stored) and migrated at connect by default: the column is added, and every grant (the
+    /// server functions, the statements sent whole, the waiters' FIFO form) stores the holder
+    /// as `name@host:pid`, readable with plain SQL; the older row's holder is unknown, not an
+    /// error.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_table_gains_the_holder_column_at_connect() {
+        let env = Env::postgres().await;
+        let (url, table) = (env.db().url.clone(), format!("{}_h", env.db().table));
+        // Dropped with everything the backends create, as the env's own table is.
+        let _cleanup = common::sql::DbEnv {
+            url: url.clone(),
+            table: table.clone(),
+        };
+        let admin = common::sql::pg_admin(&url).await;
+        admin
+            .batch_execute(&format!(
+                "CREATE SEQUENCE {table}_fence; \
+                 CREATE TABLE {table} (name bytea PRIMARY KEY, owner text NOT NULL, \
+                   count integer NOT NULL, fence bigint NOT NULL, expires_at timestamptz NOT NULL); \
+                 INSERT INTO {table} VALUES ('old:held', 'old-owner:1', 1, 1, \
+                   clock_timestamp() + interval '1 hour');"
+            ))
+            .await
+            .unwrap();
+        let has_column = || async {
+            let r: bool = admin
+                .query_one(
+                    &format!(
+                        "SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE \
+                         attrelid = '{table}'::regclass AND attname = 'holder' AND NOT attisdropped)"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            r
+        };
+        let holder_of = |name: &'static str| {
+            let (admin, table) = (&admin, table.clone());
+            async move {
+                let r: Option<String> = admin
+                    .query_one(
+                        &format!("SELECT holder FROM {table} WHERE name = convert_to($1, 'UTF8')"),
+                        &[&name],
+                    )
+                    .await
+                    .unwrap()
+                    .get(0);
+                r
+            }
+        };
+        let builder = || dlock::PostgresBackend::builder(&url).table(&table);
+        let me = dlock::holder_identity().to_string();
+
+        let old = builder().create_schema(false).connect().await.unwrap();
+        let g = Lock::new("h:before")
+            .with_backend(Arc::new(old))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        assert!(
+            !has_column().await,
+            "create_schema(false) changed the table"
+        );
+
+        let b = builder().connect().await.unwrap();
+        assert!(has_column().await, "the holder column was not added");
+        assert!(b.uses_server_functions());
+        let b: Arc<dyn Backend> = Arc::new(b);
+        let plain: Arc<dyn Backend> =
+            Arc::new(builder().server_functions(false).connect().await.unwrap());
+        let g1 = Lock::new("h:fn")
+            .with_backend(b.clone())
+            .acquire()
+            .await
+            .unwrap();
+        let g2 = Lock::new("h:st")
+            .with_backend(plain.clone())
+            .acquire()
+            .await
+            .unwrap();
+        assert_eq!(holder_of("h:fn").await.as_deref(), Some(me.as_str()));
+        assert_eq!(holder_of("h:st").await.as_deref(), Some(me.as_str()));
+        // The waiters' FIFO form: a waiter queued in the database gets the lock at the release.
+        let waiter = {
+            let b = b.clone();
+            tokio::spawn(async move {
+                Lock::new("h:st")
+                    .with_backend(b)
+                    .wait(Duration::from_secs(10))
+                    .acquire()
+                    .await
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        admin
+            .batch_execute(&format!(
+                "UPDATE {table} SET holder = NULL WHERE name = 'h:st'"
+            ))
+            .await
+            .unwrap();
+        g2.release().await.unwrap();
+        let g3 = waiter.await.unwrap().expect("the waiter got the lock");
+        assert_eq!(holder_of("h:st").await.as_deref(), Some(me.as_str()));
+        assert_eq!(holder_of("h:before").await, None, "a row of the old table");
+
+        // The older process's row: shown, its holder unknown.
+        let a =
+            dlock::admin::PostgresAdmin::connect_with(&url, &table, dlock::admin::PgMode::Table)
+                .await
+                .unwrap();
+        use dlock::admin::Admin;
+        let old_row = a.show("old:held").await.unwrap().expect("held");
+        assert_eq!(old_row.holders[0].owner, "old-owner:1");
+        assert_eq!(old_row.holders[0].identity, None);
+        let new_row = a.show("h:fn").await.unwrap().expect("held");
+        assert_eq!(
+            new_row.holders[0].identity.as_ref().map(|i| i.to_string()),
+            Some(me.clone())
+        );
+        g1.release().await.unwrap();
+        g3.release().await.unwrap();
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn thirty_two_contenders_no_deadlock_exact_counts() {
         super::thirty_two_contenders_no_deadlock_exact_counts(Env::postgres().await).await
@@ -2592,6 +2720,64 @@ mod on_mysql {
             async move { bld.connect().await.map(|_| ()) }
         })
         .await;
+    }
+
+    /// Issue 20: a lock table of an older version (no `holder` column) is left alone with
+    /// `create_schema(false)` (locks work, no holder stored) and gains the column at connect by
+    /// default; a grant then stores the holder as `name@host:pid`, readable with plain SQL.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_older_table_gains_the_holder_column_at_connect() {
+        let env = Env::mysql().await;
+        let (url, table) = (env.db().url.clone(), format!("{}_h", env.db().table));
+        let _cleanup = common::sql::DbEnv {
+            url: url.clone(),
+            table: table.clone(),
+        };
+        let mut admin = common::sql::my_admin(&url).await;
+        admin
+            .query_drop(format!(
+                "CREATE TABLE {table} (name VARBINARY(1024) NOT NULL PRIMARY KEY, \
+                   owner VARBINARY(255) NOT NULL, count INT NOT NULL, \
+                   fence BIGINT UNSIGNED NOT NULL, expires_at DATETIME(6) NOT NULL) ENGINE = InnoDB"
+            ))
+            .await
+            .unwrap();
+        let builder = || dlock::MysqlBackend::builder(&url).table(&table);
+        let old = builder().create_schema(false).connect().await.unwrap();
+        let g = Lock::new("h:before")
+            .with_backend(Arc::new(old))
+            .acquire()
+            .await
+            .unwrap();
+        g.release().await.unwrap();
+        let columns = format!(
+            "SELECT COUNT(*) FROM information_schema.columns WHERE table_schema = DATABASE() \
+             AND table_name = '{table}' AND column_name = 'holder'"
+        );
+        let n: Option<i64> = admin.query_first(&columns).await.unwrap();
+        assert_eq!(n, Some(0), "create_schema(false) changed the table");
+
+        let b = builder().connect().await.unwrap();
+        let n: Option<i64> = admin.query_first(&columns).await.unwrap();
+        assert_eq!(n, Some(1), "the holder column was not added");
+        let g = Lock::new("h:new")
+            .with_backend(Arc::new(b))
+            .acquire()
+            .await
+            .unwrap();
+        let holder: Option<Option<String>> = admin
+            .query_first(format!("SELECT holder FROM {table} WHERE name = 'h:new'"))
+            .await
+            .unwrap();
+        assert_eq!(holder.flatten(), Some(dlock::holder_identity().to_string()));
+        let old: Option<Option<String>> = admin
+            .query_first(format!(
+                "SELECT holder FROM {table} WHERE name = 'h:before'"
+            ))
+            .await
+            .unwrap();
+        assert_eq!(old.flatten(), None);
+        g.release().await.unwrap();
     }
 
     /// A caller's pool on the test server whose connections run `setup` first (again after each

@@ -1,7 +1,7 @@
 //! `dlock`: the operator's view of the locks on a backend.
 //!
 //! ```text
-//! dlock [--url URL]... list [PATTERN] [--json]   held locks: owner, holds, remaining lease, token, waiters
+//! dlock [--url URL]... list [PATTERN] [--json]   held locks: holder (name@host:pid), owner, holds, remaining lease, token, waiters
 //! dlock [--url URL]... show NAME [--json]        one lock in detail
 //! dlock [--url URL]... unlock NAME [--yes]       force-release, wake one waiter
 //! dlock [--url URL]... watch [PATTERN]           live acquisitions and releases until Ctrl-C
@@ -287,6 +287,20 @@ fn owner_text(i: &LockInfo) -> String {
         .join(",")
 }
 
+/// Who holds the lock: `name@host:pid` of each owner whose store keeps it, `-` otherwise.
+fn holder_text(i: &LockInfo) -> String {
+    let ids: Vec<String> = i
+        .holders
+        .iter()
+        .map(|h| h.identity.as_ref().map_or("-".into(), |id| id.to_string()))
+        .collect();
+    if ids.is_empty() {
+        "-".into()
+    } else {
+        ids.join(",")
+    }
+}
+
 fn fmt_left(d: Option<Duration>) -> String {
     match d {
         None => "-".into(),
@@ -298,7 +312,11 @@ fn fmt_left(d: Option<Duration>) -> String {
 fn to_json(i: &LockInfo) -> serde_json::Value {
     json!({
         "name": i.name,
-        "owners": i.holders.iter().map(|h| json!({"owner": h.owner, "holds": h.holds})).collect::<Vec<_>>(),
+        "owners": i.holders.iter().map(|h| json!({
+            "owner": h.owner,
+            "holds": h.holds,
+            "holder": h.identity.as_ref().map(|id| json!({"name": id.name, "host": id.host, "pid": id.pid})),
+        })).collect::<Vec<_>>(),
         "holds": i.holds(),
         "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
         "fencing_token": i.token,
@@ -338,11 +356,12 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
         out!("no locks held");
         return Ok(());
     }
-    let rows: Vec<[String; 6]> = infos
+    let rows: Vec<[String; 7]> = infos
         .iter()
         .map(|i| {
             [
                 safe(&i.name).into_owned(),
+                safe(&holder_text(i)).into_owned(),
                 safe(&owner_text(i)).into_owned(),
                 i.holds().to_string(),
                 fmt_left(i.remaining),
@@ -351,14 +370,22 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
             ]
         })
         .collect();
-    let head = ["NAME", "OWNER", "HOLDS", "REMAINING", "TOKEN", "WAITING"];
+    let head = [
+        "NAME",
+        "HOLDER",
+        "OWNER",
+        "HOLDS",
+        "REMAINING",
+        "TOKEN",
+        "WAITING",
+    ];
     let mut w = head.map(str::len);
     for r in &rows {
         for (i, c) in r.iter().enumerate() {
             w[i] = w[i].max(c.chars().count());
         }
     }
-    let line = |cols: [&str; 6]| {
+    let line = |cols: [&str; 7]| {
         cols.iter()
             .enumerate()
             .map(|(i, c)| format!("{c:<width$}", width = w[i]))
@@ -371,7 +398,7 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
     for r in &rows {
         out!(
             "{}",
-            line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5]].map(|s| s.as_str()))
+            line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]].map(|s| s.as_str()))
         );
     }
     Ok(())
@@ -392,6 +419,16 @@ fn print_detail(i: &LockInfo) {
                 h.holds,
                 if h.holds == 1 { "" } else { "s" }
             );
+        }
+        match &h.identity {
+            Some(id) => out!(
+                "holder         {} (host {}, pid {}, name {})",
+                id,
+                id.host,
+                id.pid,
+                id.name
+            ),
+            None => out!("holder         - (not stored for this owner)"),
         }
     }
     out!(

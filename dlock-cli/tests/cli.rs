@@ -223,6 +223,8 @@ fn list_show_unlock_against_a_holding_process() {
         "--test-threads=1",
     ])
     .env(CHILD_ENV, &url)
+    // The holder's name, with a control character the stored identity must not carry.
+    .env("DLOCK_HOLDER_NAME", "cli-holder\u{7}")
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::inherit());
@@ -268,6 +270,18 @@ fn list_show_unlock_against_a_holding_process() {
         .unwrap_or_else(|| panic!("{}", text(&o)));
     assert!(row.contains(&owner) && row.contains(&token), "{row}");
     assert!(!out.contains("weird"), "{}", text(&o));
+    // Who holds it (issue 20): the child's name, host and pid.
+    let child_pid = child.0.id();
+    let host = dlock_runtime::holder_identity().host;
+    let holder = format!("cli-holder@{host}:{child_pid}");
+    assert!(row.contains(&holder), "{holder} not in {row}");
+    let o = dlock(&url, &["show", "cli:held"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains(&format!("holder         {holder}")),
+        "{}",
+        text(&o)
+    );
 
     let o = dlock(&url, &["list", "--json"], "");
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -281,6 +295,8 @@ fn list_show_unlock_against_a_holding_process() {
     assert_eq!(held["fencing_token"].to_string(), token);
     assert_eq!(held["holds"], 1);
     assert_eq!(held["owners"][0]["owner"], owner.as_str());
+    assert_eq!(held["owners"][0]["holder"]["name"], "cli-holder");
+    assert_eq!(held["owners"][0]["holder"]["pid"], child_pid);
     let rem = held["remaining_ms"].as_i64().unwrap();
     assert!(rem > 0 && rem <= 3000, "{rem}");
     // The unexpected string key is skipped, not shown, and named on stderr.

@@ -21,6 +21,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::backend::BoxFuture;
+pub use crate::holder::HolderId;
 
 #[cfg(feature = "cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cluster")))]
@@ -55,15 +56,27 @@ pub struct Holder {
     /// Holds of this owner (re-entry counts). `0`: released, but kept taken until its lease
     /// ends (`hold_at_least`).
     pub holds: u32,
+    /// Who the owner is: its process's name, host and pid (see [`crate::set_holder_name`]);
+    /// `None` when the store has none for it (a holder of an older version, an identity that
+    /// expired, an engine that keeps none).
+    pub identity: Option<HolderId>,
 }
 
 impl Holder {
-    /// A holder with `holds` holds.
+    /// A holder with `holds` holds and no identity.
     pub fn new(owner: impl Into<String>, holds: u32) -> Holder {
         Holder {
             owner: owner.into(),
             holds,
+            identity: None,
         }
+    }
+
+    /// This holder with its identity parsed from the stored `name@host:pid` (`None`, or a value
+    /// that does not parse, leaves it unknown).
+    pub fn with_identity_text(mut self, stored: Option<&str>) -> Holder {
+        self.identity = stored.and_then(HolderId::parse);
+        self
     }
 }
 

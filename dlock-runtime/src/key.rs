@@ -53,6 +53,13 @@ pub(crate) fn lock_key(name: &str) -> String {
     lock
 }
 
+/// The key `dlock:holder:<process>` where a process stores its holder identity
+/// (`name@host:pid`, see `holder.rs`) for the owner ids with that process prefix. Never of the
+/// form `dlock:{..}`, so never a lock's key.
+pub(crate) fn holder_key(process: &str) -> String {
+    format!("dlock:holder:{process}")
+}
+
 /// `lock` followed by `suffix` (`:fence`, `:rel`).
 pub(crate) fn suffixed(lock: &str, suffix: &str) -> String {
     let mut s = String::with_capacity(lock.len() + suffix.len());

@@ -30,6 +30,7 @@ mod context;
 mod error;
 mod give_back;
 mod guard;
+mod holder;
 mod key;
 mod lock;
 mod metrics;
@@ -85,6 +86,7 @@ pub use error::{LockError, LostReason};
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]
 pub use etcd_client;
 pub use guard::LockGuard;
+pub use holder::{HOLDER_NAME_ENV, HolderId, MAX_NAME_CHARS, holder_identity, set_holder_name};
 pub use key::MAX_KEY_LEN;
 pub use lock::{DEFAULT_TTL, Lock};
 #[cfg(feature = "mysql")]

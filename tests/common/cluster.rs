@@ -494,7 +494,8 @@ pub fn lock_keys_left(set: &ClusterSet) -> HashMap<u16, Vec<String>> {
             .unwrap_or_default();
         let locks: Vec<String> = keys
             .into_iter()
-            .filter(|k| !k.ends_with(":fence"))
+            // Fence keys and the process's holder identity key outlive the locks.
+            .filter(|k| !k.ends_with(":fence") && !k.starts_with("dlock:holder:"))
             .collect();
         if !locks.is_empty() {
             out.insert(n.port(), locks);

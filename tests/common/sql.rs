@@ -205,7 +205,9 @@ mod pg {
                              {table}_leave_v2, {table}_extend_v3, {table}_extend_nf_v3, \
                              {table}_acquire_v4, {table}_acquire_nf_v4, {table}_acquire_q_v4, \
                              {table}_acquire_q_nf_v4, {table}_release_q_v4, {table}_leave_v4, \
-                             {table}_extend_v4, {table}_extend_nf_v4, {table}_sc_f;"
+                             {table}_extend_v4, {table}_extend_nf_v4, {table}_acquire_v5, \
+                             {table}_acquire_nf_v5, {table}_acquire_q_v5, {table}_acquire_q_nf_v5, \
+                             {table}_sc_f;"
                         )),
                     )
                     .await;

@@ -236,6 +236,7 @@ impl ClusterBackendBuilder {
                 op_timeout: self.op_timeout,
                 retries: self.retries,
                 reaper: Arc::default(),
+                registration: Default::default(),
             }),
         })
     }
@@ -282,6 +283,8 @@ struct Inner {
     retries: u32,
     /// Releases being retried in the background (see [`Reaper`]).
     reaper: Arc<Reaper>,
+    /// When this process's holder identity is written next (see `redis::write_holder`).
+    registration: crate::holder::Registration,
 }
 
 impl fmt::Debug for ClusterBackend {
@@ -968,6 +971,23 @@ fn slot_of(key: &str) -> u16 {
     crc16::State::<crc16::XMODEM>::calculate(tagged) % 16384
 }
 
+/// How long a call waits for its holder-identity write (`redis::write_holder`): the identity
+/// key's slot may live on another master, which must not slow the call down by more than this
+/// when it is slow or down (a write cut off is tried again 10 s later).
+const HOLDER_WRITE_BOUND: Duration = Duration::from_millis(250);
+
+/// [`super::redis::write_holder`] bounded by [`HOLDER_WRITE_BOUND`].
+async fn write_holder_bounded(
+    reg: &crate::holder::Registration,
+    con: ClusterConnection,
+    owner: &str,
+) {
+    let w = super::redis::write_holder(reg, con, owner);
+    if tokio::time::timeout(HOLDER_WRITE_BOUND, w).await.is_err() {
+        reg.failed();
+    }
+}
+
 impl Backend for ClusterBackend {
     fn try_acquire<'a>(
         &'a self,
@@ -981,6 +1001,13 @@ impl Backend for ClusterBackend {
             // A waiter's try queues its process on a busy answer (see `release_once`).
             let queued = self.queue_here(&sub, &keys.channel);
             let queue = key::suffixed(&keys.lock, key::QUEUE_SUFFIX);
+            // The holder identity's key (`dlock:holder:<process>`) when due, in parallel with
+            // the script (its slot may be on another master): no round trip added.
+            let holder_write = self
+                .inner
+                .registration
+                .due(owner)
+                .then(|| write_holder_bounded(&self.inner.registration, con.clone(), owner));
             let (ttl_ms, fence_ms) = (ms(ttl).to_string(), ms(ttl + FENCE_GRACE).to_string());
             let mut args: Vec<&[u8]> =
                 vec![owner.as_bytes(), ttl_ms.as_bytes(), fence_ms.as_bytes()];
@@ -990,16 +1017,19 @@ impl Backend for ClusterBackend {
                 args.push(sub.queueing.id.as_bytes());
                 args.push(keys.channel.as_bytes());
             }
-            let (r, acked) = run_script(
+            let call = run_script(
                 &self.inner,
                 &mut con,
                 &ACQUIRE,
                 &script_keys,
                 &args,
                 self.inner.min_replicas,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
+            );
+            let r = match holder_write {
+                Some(w) => tokio::join!(w, call).1,
+                None => call.await,
+            };
+            let (r, acked) = r.map_err(|e| LockError::backend(name, e))?;
             let acquired = crate::scripts::acquire_reply(&r).ok_or_else(|| {
                 LockError::backend(
                     name,
@@ -1051,16 +1081,20 @@ impl Backend for ClusterBackend {
         Box::pin(async move {
             let (mut con, _) = self.conn(name)?;
             let keys = redis_keys(name);
-            let (r, _) = run_script(
-                &self.inner,
-                &mut con,
-                &EXTEND,
-                &[&keys.lock],
-                &[owner.as_bytes(), ms(ttl).to_string().as_bytes()],
-                None,
-            )
-            .await
-            .map_err(|e| LockError::backend(name, e))?;
+            let holder_write = self
+                .inner
+                .registration
+                .due(owner)
+                .then(|| write_holder_bounded(&self.inner.registration, con.clone(), owner));
+            let ttl_ms = ms(ttl).to_string();
+            let script_keys = [keys.lock.as_str()];
+            let args = [owner.as_bytes(), ttl_ms.as_bytes()];
+            let call = run_script(&self.inner, &mut con, &EXTEND, &script_keys, &args, None);
+            let r = match holder_write {
+                Some(w) => tokio::join!(w, call).1,
+                None => call.await,
+            };
+            let (r, _) = r.map_err(|e| LockError::backend(name, e))?;
             let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
             Ok(crate::scripts::extend_reply(r))
         })

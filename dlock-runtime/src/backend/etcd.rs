@@ -1,6 +1,7 @@
 //! The etcd backend: a key per contender under a lease, the lowest create revision holds.
 //!
-//! Layout: `<prefix>/<escaped name>/<lease id hex>-<16 random hex>`, value = the owner id.
+//! Layout: `<prefix>/<escaped name>/<lease id hex>-<16 random hex>`, value = the owner id, a newline and the holder
+//! identity `name@host:pid`.
 //!
 //! - **Leases: one per backend and whole-second ttl**, shared by every key this backend creates
 //!   with that ttl (`ceil(ttl)` seconds, at least 1). Why not one per backend: a lock's ttl is the
@@ -982,7 +983,7 @@ impl Inner {
                     .and_then([
                         TxnOp::put(
                             key.clone(),
-                            owner.as_bytes(),
+                            key_value(owner),
                             Some(PutOptions::new().with_lease(lease.id)),
                         ),
                         TxnOp::get(
@@ -1455,7 +1456,7 @@ impl Inner {
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, rev)])
             .and_then([TxnOp::put(
                 key,
-                hk.1.as_bytes(),
+                key_value(&hk.1),
                 Some(PutOptions::new().with_lease(lease.id)),
             )]);
         let r = match self
@@ -1593,6 +1594,17 @@ fn now_micros() -> u64 {
 /// A token as the fence key stores it: fixed-width decimal, so byte order is numeric order.
 fn fence_value(token: u64) -> String {
     format!("{token:020}")
+}
+
+/// A contender key's value: the owner id, a newline and the holder identity (`name@host:pid`,
+/// see `holder.rs`), which the admin shows.
+fn key_value(owner: &str) -> Vec<u8> {
+    let holder = crate::holder::holder_text();
+    let mut v = Vec::with_capacity(owner.len() + 1 + holder.len());
+    v.extend_from_slice(owner.as_bytes());
+    v.push(b'\n');
+    v.extend_from_slice(holder.as_bytes());
+    v
 }
 
 /// `(last token, mod revision)` of a fence key read (`(0, 0)`: absent; an unreadable value

@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 
 pub(crate) mod admin;
+use crate::holder::Registration;
 use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
 use crate::{LockError, scripts};
@@ -166,6 +167,7 @@ impl RedisBackendBuilder {
                 refusal: RefusalGate::default(),
                 pins: Mutex::new(HashMap::new()),
                 reaper: Arc::default(),
+                registration: Registration::default(),
             }),
         })
     }
@@ -229,6 +231,8 @@ struct Inner {
     pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
     /// Releases being retried in the background (see [`Reaper`]).
     reaper: Arc<Reaper>,
+    /// When this process's holder identity is written next (see [`write_holder`]).
+    registration: Registration,
 }
 
 /// How long a release that failed is retried in the background (see [`Reaper`]): as long as
@@ -951,6 +955,25 @@ impl SubTask {
     }
 }
 
+/// Writes this process's holder identity (`SET dlock:holder:<process> name@host:pid EX 3600`,
+/// see `holder.rs`) on `con`. Sent by an acquire or a renewal whose [`Registration`] says it is
+/// due (once per 20 minutes per backend), beside its script on the same connection, so it adds
+/// no round trip and no work to the scripts. A failure (an ACL without `SET`, a timeout) never
+/// fails the call: it is logged at `debug` and tried again 10 s later.
+pub(crate) async fn write_holder(reg: &Registration, mut con: impl ConnectionLike, owner: &str) {
+    let r: redis::RedisResult<()> = redis::cmd("SET")
+        .arg(key::holder_key(crate::holder::process_of(owner)))
+        .arg(&*crate::holder::holder_text())
+        .arg("EX")
+        .arg(Registration::TTL.as_secs())
+        .query_async(&mut con)
+        .await;
+    if let Err(e) = r {
+        reg.failed();
+        tracing::debug!(error = %e, "dlock: writing the holder identity to Redis failed");
+    }
+}
+
 /// The URL with every secret replaced by `***` (see `crate::redact`).
 pub(crate) fn redact_url(url: &str) -> String {
     crate::redact::redact_url(url)
@@ -1397,9 +1420,18 @@ impl Backend for RedisBackend {
             let lock = key::lock_key(name);
             let mut cmd = scripts::evalsha(&scripts::EXTEND, 1, 3, lock.len() + owner.len() + 20);
             cmd.arg(&lock).arg(owner).arg(ms(ttl));
-            let r: i64 = scripts::run(&scripts::EXTEND, &cmd, &mut con)
-                .await
-                .map_err(|e| map_err(name, e))?;
+            // A long hold renews the identity too (it outlives its key's expiry otherwise).
+            let holder_write = self
+                .inner
+                .registration
+                .due(owner)
+                .then(|| write_holder(&self.inner.registration, con.con.clone(), owner));
+            let call = scripts::run(&scripts::EXTEND, &cmd, &mut con);
+            let r: redis::RedisResult<i64> = match holder_write {
+                Some(w) => tokio::join!(w, call).1,
+                None => call.await,
+            };
+            let r = r.map_err(|e| map_err(name, e))?;
             Ok(crate::scripts::extend_reply(r))
         })
     }
@@ -1509,18 +1541,31 @@ impl RedisBackend {
         } else if holder {
             cmd.arg(1);
         }
-        let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
-            None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
-                .await
-                .map(|v| (v, None)),
-            Some((n, timeout)) => {
-                let mut pipe = redis::pipe();
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(n)
-                    .arg(timeout.as_millis() as u64);
-                run_with_wait(&pipe, &mut con).await
+        let holder_write = self
+            .inner
+            .registration
+            .due(owner)
+            .then(|| write_holder(&self.inner.registration, con.con.clone(), owner));
+        let call = async {
+            match wait {
+                None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
+                    .await
+                    .map(|v| (v, None)),
+                Some((n, timeout)) => {
+                    let mut pipe = redis::pipe();
+                    pipe.add_command(cmd)
+                        .cmd("WAIT")
+                        .arg(n)
+                        .arg(timeout.as_millis() as u64);
+                    run_with_wait(&pipe, &mut con).await
+                }
             }
+        };
+        let r: redis::RedisResult<(Value, Option<Value>)> = match holder_write {
+            // Written first on the same connection: answered before the script, no round trip
+            // added.
+            Some(w) => tokio::join!(w, call).1,
+            None => call.await,
         };
         match &r {
             Ok(_) => pin.con = None,

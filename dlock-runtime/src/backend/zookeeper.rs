@@ -1,6 +1,7 @@
 //! The ZooKeeper backend: ephemeral sequential znodes, the lowest sequence holds the lock.
 //!
-//! Layout: `<root>/<escaped name>/_c_<32 hex>-lock-<sequence>`, data = the owner id (what the
+//! Layout: `<root>/<escaped name>/_c_<32 hex>-lock-<sequence>`, data = the owner id, a newline
+//! and the holder identity `name@host:pid` (what the
 //! operator's `dlock::admin` shows). The lock parent is a container node (ZooKeeper >= 3.5.3
 //! removes it once empty), the contender nodes are ephemeral, so the session is the lease.
 //!
@@ -1016,17 +1017,20 @@ impl Inner {
             },
         );
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
+        // The node's data: the owner id, a newline and the holder identity (name@host:pid).
+        let holder = crate::holder::holder_text();
+        let mut data = Vec::with_capacity(key.1.len() + 1 + holder.len());
+        data.extend_from_slice(key.1.as_bytes());
+        data.push(b'\n');
+        data.extend_from_slice(holder.as_bytes());
         // Nothing was created: forget the pending entry.
         let nothing = |e: LockError| {
             self.holds().remove(key);
             Err(e)
         };
         for _ in 0..3 {
-            match tokio::time::timeout(
-                self.cfg.request_timeout,
-                c.create(&path, key.1.as_bytes(), &opts),
-            )
-            .await
+            match tokio::time::timeout(self.cfg.request_timeout, c.create(&path, &data, &opts))
+                .await
             {
                 Ok(Ok((stat, seq))) => {
                     let floor = u64::try_from(stat.ctime).unwrap_or(0).saturating_mul(1000);

@@ -143,12 +143,28 @@ impl ClusterAdmin {
 
     /// The master owning `name`'s slot now.
     async fn owner(&self, name: &str) -> Result<&RedisAdmin, AdminError> {
-        let key = redis_keys(name).lock;
+        self.master_of_key(name, &redis_keys(name).lock).await
+    }
+
+    /// Fills the holders' identities from their processes' identity keys, each read on the
+    /// master of its own slot (best effort, as `RedisAdmin::fill_identities`).
+    async fn fill_identities(&self, mut info: LockInfo) -> LockInfo {
+        for h in &mut info.holders {
+            let key = crate::key::holder_key(crate::holder::process_of(&h.owner));
+            if let Ok(m) = self.master_of_key(&info.name, &key).await {
+                m.fill_identities(std::slice::from_mut(h)).await;
+            }
+        }
+        info
+    }
+
+    /// The master owning `key`'s slot now (`name`: the lock it is read for, for errors).
+    async fn master_of_key(&self, name: &str, key: &str) -> Result<&RedisAdmin, AdminError> {
         let mut conn = self.masters[0].1.conn();
         let slot: u16 = bounded("CLUSTER KEYSLOT", async {
             redis::cmd("CLUSTER")
                 .arg("KEYSLOT")
-                .arg(&key)
+                .arg(key)
                 .query_async(&mut conn)
                 .await
                 .map_err(|e| AdminError::server(format!("CLUSTER KEYSLOT: {e}")))
@@ -189,7 +205,7 @@ impl Admin for ClusterAdmin {
                 skipped += k;
                 for n in names {
                     if let Some(i) = m.read(&n).await? {
-                        locks.push(i);
+                        locks.push(self.fill_identities(i).await);
                     }
                 }
             }
@@ -198,7 +214,12 @@ impl Admin for ClusterAdmin {
     }
 
     fn show<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<LockInfo>, AdminError>> {
-        Box::pin(async move { self.owner(name).await?.read(name).await })
+        Box::pin(async move {
+            match self.owner(name).await?.read(name).await? {
+                Some(i) => Ok(Some(self.fill_identities(i).await)),
+                None => Ok(None),
+            }
+        })
     }
 
     fn force_release<'a>(
@@ -206,7 +227,15 @@ impl Admin for ClusterAdmin {
         name: &'a str,
         expected: Option<&'a LockInfo>,
     ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
-        Box::pin(async move { self.owner(name).await?.force(name, expected).await })
+        Box::pin(async move {
+            match self.owner(name).await?.force(name, expected).await? {
+                ForceReleased::Released { was, woke } => Ok(ForceReleased::Released {
+                    was: Box::new(self.fill_identities(*was).await),
+                    woke,
+                }),
+                other => Ok(other),
+            }
+        })
     }
 
     fn watch<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Watching, AdminError>> {

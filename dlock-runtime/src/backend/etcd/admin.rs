@@ -109,7 +109,18 @@ fn kind_of(prefix: &str, key: &[u8]) -> KeyKind {
 }
 
 fn owner_of(kv: &etcd::KeyValue) -> String {
-    String::from_utf8_lossy(kv.value()).into_owned()
+    let v = String::from_utf8_lossy(kv.value());
+    // After a newline: the holder identity (see `holder_of`).
+    v.split_once('\n').map_or(&*v, |(o, _)| o).to_string()
+}
+
+/// The holder identity a contender key stores after its owner id and a newline (`None` for a
+/// key of an older version).
+fn holder_of(kv: &etcd::KeyValue) -> Option<&str> {
+    std::str::from_utf8(kv.value())
+        .ok()?
+        .split_once('\n')
+        .map(|(_, h)| h)
 }
 
 /// One contender key as the watch keeps it.
@@ -244,7 +255,7 @@ impl EtcdAdmin {
         left: Option<Duration>,
     ) -> LockInfo {
         let mut info = LockInfo::new(name);
-        info.holders = vec![Holder::new(owner_of(holder), 1)];
+        info.holders = vec![Holder::new(owner_of(holder), 1).with_identity_text(holder_of(holder))];
         // The fence is the holder's token once its grant wrote it (at or after its key's
         // create); before that (a grant in flight) the token is not known yet.
         info.token = fence

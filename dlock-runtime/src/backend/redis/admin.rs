@@ -109,6 +109,48 @@ if type(n) ~= 'number' then return 0 end
 return n
 "#;
 
+/// See [`RedisAdmin::fill_identities`]; `con` routes every key (a server, or a cluster
+/// connection).
+pub(crate) async fn fill_identities(
+    con: &mut impl redis::aio::ConnectionLike,
+    holders: &mut [Holder],
+) {
+    let mut processes: Vec<&str> = holders
+        .iter()
+        .map(|h| crate::holder::process_of(&h.owner))
+        .collect();
+    processes.sort_unstable();
+    processes.dedup();
+    if processes.is_empty() {
+        return;
+    }
+    let mut pipe = redis::pipe();
+    for p in &processes {
+        pipe.get(crate::key::holder_key(p));
+    }
+    let Ok(Ok(values)) = tokio::time::timeout(
+        crate::admin::CALL_TIMEOUT,
+        pipe.query_async::<Vec<Option<String>>>(con),
+    )
+    .await
+    else {
+        return;
+    };
+    let found: Vec<(String, Option<String>)> = processes
+        .iter()
+        .map(|p| p.to_string())
+        .zip(values)
+        .collect();
+    for h in holders.iter_mut() {
+        let p = crate::holder::process_of(&h.owner);
+        let stored = found
+            .iter()
+            .find(|(q, _)| q == p)
+            .and_then(|(_, v)| v.as_deref());
+        h.identity = stored.and_then(crate::holder::HolderId::parse);
+    }
+}
+
 /// HGETALL, PTTL, PUBSUB NUMSUB.
 type LockReply = (Vec<(String, String)>, i64, Vec<(String, i64)>);
 
@@ -184,6 +226,11 @@ impl RedisAdmin {
             }
         }
         info.holders.sort_by(|a, b| a.owner.cmp(&b.owner));
+        if !self.sharded {
+            // A cluster master may not serve the identity keys' slots: the cluster admin reads
+            // them through its cluster connection.
+            self.fill_identities(&mut info.holders).await;
+        }
         info.remaining = (pttl >= 0).then(|| Duration::from_millis(pttl as u64));
         info.waiters = numsub.first().map(|(_, n)| (*n).max(0) as u64);
         info.waiters_are = "processes subscribed to the release channel";
@@ -202,6 +249,13 @@ impl RedisAdmin {
             ),
         ];
         Ok(Some(info))
+    }
+
+    /// Fills each holder's identity from its process's identity key `dlock:holder:<process>`
+    /// (one pipelined `GET` per distinct process). Best effort: a holder whose key is missing
+    /// (an older version, expired) or unreadable (an ACL without `GET`) keeps `None`.
+    pub(crate) async fn fill_identities(&self, holders: &mut [Holder]) {
+        fill_identities(&mut self.conn.clone(), holders).await;
     }
 
     /// The names of the lock keys for names starting with `prefix`, and the number of keys in

@@ -135,7 +135,20 @@ fn combine(
         .iter()
         .max_by_key(|(o, v)| (v.0, std::cmp::Reverse(**o)))?;
     let mut info = LockInfo::new(name);
-    info.holders = owners.iter().map(|(o, v)| Holder::new(*o, v.1)).collect();
+    info.holders = owners
+        .iter()
+        .map(|(o, v)| {
+            // The identity any node stores for the owner's process (they all store the same).
+            let mut h = Holder::new(*o, v.1);
+            h.identity = views
+                .iter()
+                .filter_map(|(_, v)| v.as_ref().ok()?.as_ref())
+                .flat_map(|i| &i.holders)
+                .find(|n| n.owner == *o && n.identity.is_some())
+                .and_then(|n| n.identity.clone());
+            h
+        })
+        .collect();
     // The majority holder first.
     info.holders.sort_by_key(|h| h.owner != top);
     info.token = token;

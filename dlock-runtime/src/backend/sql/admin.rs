@@ -149,6 +149,9 @@ struct TableRow {
     live: bool,
     remaining_us: i64,
     expires_at: String,
+    /// The holder identity (`name@host:pid`) the grant stored; `None` for a row of an older
+    /// version or a table without the `holder` column.
+    holder: Option<String>,
 }
 
 impl TableRow {
@@ -180,10 +183,13 @@ impl TableRow {
 
     fn info(&self, name: &str, details: Vec<(String, String)>) -> LockInfo {
         let mut info = LockInfo::new(name);
-        info.holders = vec![Holder::new(
-            self.owner.clone().unwrap_or_default(),
-            u32::try_from(self.count.unwrap_or(0)).unwrap_or(u32::MAX),
-        )];
+        info.holders = vec![
+            Holder::new(
+                self.owner.clone().unwrap_or_default(),
+                u32::try_from(self.count.unwrap_or(0)).unwrap_or(u32::MAX),
+            )
+            .with_identity_text(self.holder.as_deref()),
+        ];
         info.remaining = Some(Duration::from_micros(self.remaining_us.max(0) as u64));
         info.token = self.fence;
         info.waiters = None;
@@ -468,6 +474,7 @@ mod pg {
                     .ok()
                     .flatten()
                     .unwrap_or_default(),
+                holder: r.try_get::<_, Option<String>>(7).ok().flatten(),
             }
         }
 
@@ -476,7 +483,8 @@ mod pg {
             let sql = format!(
                 "SELECT l.name, l.owner, l.count, l.fence, l.expires_at > c.now, \
                    GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint), \
-                   to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+                   to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+                   to_jsonb(l) ->> 'holder' \
                  FROM {} l, (SELECT clock_timestamp() AS now) c \
                  WHERE substr(l.name, 1, $2) = $1 ORDER BY l.name",
                 self.inner.table
@@ -497,7 +505,8 @@ mod pg {
             let sql = format!(
                 "SELECT l.name, l.owner, l.count, l.fence, l.expires_at > c.now, \
                    GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint), \
-                   to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US') \
+                   to_char(l.expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'), \
+                   to_jsonb(l) ->> 'holder' \
                  FROM {} l, (SELECT clock_timestamp() AS now) c \
                  WHERE l.name = $1 AND l.expires_at > c.now",
                 self.inner.table
@@ -718,13 +727,20 @@ mod pg {
             let n: i64 = r.try_get(7).map_err(bad)?;
             let key = advisory_key(&self.inner.table, name);
             let mut info = LockInfo::new(name);
-            info.holders = vec![Holder::new(
-                match start_us {
-                    Some(s) => format!("pg-session:{pid}@{s}"),
-                    None => format!("pg-session:{pid}"),
-                },
-                1,
-            )];
+            // The backend names its advisory session `dlock name@host:pid` (see holder.rs).
+            info.holders = vec![
+                Holder::new(
+                    match start_us {
+                        Some(s) => format!("pg-session:{pid}@{s}"),
+                        None => format!("pg-session:{pid}"),
+                    },
+                    1,
+                )
+                .with_identity_text(
+                    app.as_deref()
+                        .and_then(|a| a.strip_prefix(crate::holder::APPLICATION_NAME_PREFIX)),
+                ),
+            ];
             info.waiters_are = "not visible in advisory mode";
             let unknown = || "(not visible to this role)".to_string();
             info.details = vec![
@@ -933,6 +949,8 @@ mod my {
         shown: String,
         scrub: Scrub,
         table: String,
+        /// Whether the table has the `holder` column (a table of an older version has not).
+        holder_col: std::sync::atomic::AtomicBool,
     }
 
     impl std::fmt::Debug for MysqlAdmin {
@@ -1009,6 +1027,7 @@ mod my {
                     shown,
                     scrub,
                     table: table.to_string(),
+                    holder_col: std::sync::atomic::AtomicBool::new(false),
                 }),
             };
             admin
@@ -1022,6 +1041,17 @@ mod my {
                 )
                 .await
                 .map_err(table_hint)?;
+            let has_holder = admin
+                .rows_of(
+                    "checking the holder column",
+                    &format!("SELECT holder FROM {table} LIMIT 0"),
+                )
+                .await
+                .is_ok();
+            admin
+                .inner
+                .holder_col
+                .store(has_holder, std::sync::atomic::Ordering::Relaxed);
             Ok(admin)
         }
 
@@ -1072,8 +1102,17 @@ mod my {
             format!(
                 "SELECT name, owner, count, fence, expires_at > UTC_TIMESTAMP(6), \
                    GREATEST(0, TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at)), \
-                   DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f') \
+                   DATE_FORMAT(expires_at, '%Y-%m-%d %H:%i:%s.%f'), {} \
                  FROM {} WHERE {cond} ORDER BY name",
+                if self
+                    .inner
+                    .holder_col
+                    .load(std::sync::atomic::Ordering::Relaxed)
+                {
+                    "holder"
+                } else {
+                    "NULL"
+                },
                 self.inner.table
             )
         }
@@ -1091,6 +1130,7 @@ mod my {
                 expires_at: col::<Vec<u8>>(r, 6)
                     .map(|b| String::from_utf8_lossy(&b).into_owned())
                     .unwrap_or_default(),
+                holder: col::<Vec<u8>>(r, 7).and_then(|b| String::from_utf8(b).ok()),
             }
         }
 

@@ -33,8 +33,11 @@ const POLL_MAX: Duration = Duration::from_millis(250);
 ///     owner      VARBINARY(255)  NOT NULL,             -- the holder's owner id (exact bytes)
 ///     count      INT             NOT NULL,             -- hold count; 0 = free or kept
 ///     fence      BIGINT UNSIGNED NOT NULL,             -- fencing token of the last grant
-///     expires_at DATETIME(6)     NOT NULL              -- end of the lease, UTC, database clock
+///     expires_at DATETIME(6)     NOT NULL,             -- end of the lease, UTC, database clock
+///     holder     VARCHAR(255) CHARACTER SET utf8mb4 NULL -- who holds it: name@host:pid
 /// ) ENGINE = InnoDB;
+/// -- A table of an older version gains the holder column at connect (when it is missing):
+/// ALTER TABLE dlock_locks ADD COLUMN holder VARCHAR(255) CHARACTER SET utf8mb4 NULL;
 /// ```
 ///
 /// Rows are kept after release (count 0, `expires_at` = release time) so that a hot name needs
@@ -48,7 +51,8 @@ pub fn mysql_schema_sql(table: &str) -> Result<String, LockError> {
              owner VARBINARY(255) NOT NULL,\n    \
              count INT NOT NULL,\n    \
              fence BIGINT UNSIGNED NOT NULL,\n    \
-             expires_at DATETIME(6) NOT NULL\n\
+             expires_at DATETIME(6) NOT NULL,\n    \
+             holder VARCHAR(255) CHARACTER SET utf8mb4 NULL\n\
          ) ENGINE = InnoDB;\n"
     ))
 }
@@ -339,6 +343,7 @@ impl MysqlBackendBuilder {
                 releases: std::sync::atomic::AtomicU64::new(0),
                 sweep_after_us: micros(self.sweep_after),
                 unconfirmed: super::Unconfirmed::default(),
+                holder: std::sync::atomic::AtomicBool::new(false),
             }),
         };
         let ddl = if self.create_schema {
@@ -349,7 +354,10 @@ impl MysqlBackendBuilder {
         let mut last = None;
         for _ in 0..3 {
             match backend.exec("", "the schema DDL", ddl.clone()).await {
-                Ok(()) => return Ok(backend),
+                Ok(()) => {
+                    backend.holder_column(self.create_schema).await;
+                    return Ok(backend);
+                }
                 Err(e) if tls && no_server_tls(&e) => {
                     return Err(LockError::backend(
                         "",
@@ -457,6 +465,8 @@ struct Inner {
     sweep_after_us: i64,
     /// Releases whose answer was not read (see [`super::Unconfirmed`]).
     unconfirmed: super::Unconfirmed,
+    /// Grants store the holder identity (the table has the `holder` column).
+    holder: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for MysqlBackend {
@@ -581,6 +591,42 @@ impl MysqlBackend {
             Ok::<_, DynError>(())
         })
         .await
+    }
+
+    /// Finds whether the table has the `holder` column; adds it to a table of an older version
+    /// when `create` (`create_schema`). Best effort: without it, holders are not named.
+    async fn holder_column(&self, create: bool) {
+        let t = &self.inner.table;
+        let check = format!("SELECT holder FROM {t} LIMIT 0");
+        let mut has = self
+            .exec("", "the holder column check", check.clone())
+            .await
+            .is_ok();
+        if !has && create {
+            // Two processes adding it at once: the second one's "duplicate column" is fine.
+            let _ = self
+                .exec(
+                    "",
+                    "adding the holder column",
+                    format!(
+                        "ALTER TABLE {t} ADD COLUMN holder VARCHAR(255) CHARACTER SET utf8mb4 NULL"
+                    ),
+                )
+                .await;
+            has = self
+                .exec("", "the holder column check", check)
+                .await
+                .is_ok();
+        }
+        if !has {
+            tracing::info!(
+                table = %t,
+                "dlock: MySQL lock table without the holder column; holders are not named (add it: see dlock::mysql_schema_sql)"
+            );
+        }
+        self.inner
+            .holder
+            .store(has, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Runs a multi-statement text query and returns the rows of its last result set.
@@ -791,6 +837,16 @@ impl Backend for MysqlBackend {
             hex(&mut o, owner.as_bytes());
             // MySQL assigns left to right with the new values: count, fence and expires_at read
             // the old owner and expires_at; owner is set last.
+            // The holder identity, stored by a grant where the table has the column.
+            let (holder_set, holder_col, holder_val) =
+                if self.inner.holder.load(std::sync::atomic::Ordering::Relaxed) {
+                    let mut h = String::from("CONVERT(");
+                    hex(&mut h, crate::holder::holder_text().as_bytes());
+                    h.push_str(" USING utf8mb4)");
+                    (format!("holder = {h}, "), ", holder", format!(", {h}"))
+                } else {
+                    (String::new(), "", String::new())
+                };
             let live = format!("(owner = {o} AND expires_at > UTC_TIMESTAMP(6))");
             let now_us = "TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6))";
             let sql = format!(
@@ -799,10 +855,10 @@ impl Backend for MysqlBackend {
                    fence = IF({live}, fence, GREATEST(fence + 1, {now_us})), \
                    expires_at = IF({live}, GREATEST(expires_at, UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND), \
                                    UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND), \
-                   owner = {o} \
+                   {holder_set}owner = {o} \
                  WHERE name = {n} AND (owner = {o} OR expires_at <= UTC_TIMESTAMP(6)); \
-                 INSERT IGNORE INTO {t} (name, owner, count, fence, expires_at) \
-                   VALUES ({n}, {o}, 1, {now_us}, UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND); \
+                 INSERT IGNORE INTO {t} (name, owner, count, fence, expires_at{holder_col}) \
+                   VALUES ({n}, {o}, 1, {now_us}, UTC_TIMESTAMP(6) + INTERVAL {ttl} MICROSECOND{holder_val}); \
                  SELECT owner = {o} AND expires_at > UTC_TIMESTAMP(6), fence, count, \
                    TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) \
                  FROM {t} WHERE name = {n}"

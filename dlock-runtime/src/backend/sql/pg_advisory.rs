@@ -54,6 +54,9 @@ pub fn advisory_key(table: &str, name: &str) -> i64 {
 struct Session {
     client: tokio_postgres::Client,
     generation: u64,
+    /// The session's `application_name`: the holder identity it was opened (or last set) with
+    /// (see `holder.rs`); the admin names an advisory lock's holder by it.
+    app_name: String,
     /// Cancelled when the session ends (dropped by this process, or its connection closed):
     /// every lock on it is gone on the server at that moment (sql.md #4a).
     lost: CancellationToken,
@@ -180,7 +183,8 @@ impl Advisory {
 
     /// Opens the session and refuses a transaction-mode pooler (see [`Advisory::pooler_check`]).
     async fn open(&self, key: &str) -> Result<Session, LockError> {
-        let (client, driver) = self.connect(key).await?;
+        let app_name = crate::holder::application_name();
+        let (client, driver) = self.connect(key, &app_name).await?;
         self.pooler_check(key, &client).await?;
         let generation = self
             .next_generation
@@ -196,6 +200,7 @@ impl Advisory {
         Ok(Session {
             client,
             generation,
+            app_name,
             lost,
         })
     }
@@ -212,8 +217,10 @@ impl Advisory {
     async fn connect(
         &self,
         key: &str,
+        app_name: &str,
     ) -> Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), LockError> {
-        let (connector, cfg) = (self.connector.clone(), self.cfg.clone());
+        let (connector, mut cfg) = (self.connector.clone(), self.cfg.clone());
+        cfg.application_name(app_name);
         let task = self
             .rt
             .handle
@@ -284,7 +291,7 @@ impl Advisory {
             // Our random key is held elsewhere (vanishingly rare): nothing to conclude.
             return Ok(());
         }
-        let (second, _) = self.connect(key).await?;
+        let (second, _) = self.connect(key, "dlock pooler check").await?;
         let shared = bounded(key, "the pooler probe", self.op_timeout, async {
             let r = first_value(
                 second
@@ -469,14 +476,31 @@ impl Advisory {
                 "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
             )
         );
+        // A holder name set since the session opened renames the session in the same
+        // statement (no round trip added).
+        let app_name = crate::holder::application_name();
+        let rename = guard.as_ref().expect("live session").app_name != app_name;
+        let sql = if rename {
+            format!("{sql}, set_config('application_name', $2, false)")
+        } else {
+            sql
+        };
         let r = {
             let client = &guard.as_ref().expect("live session").client;
-            tokio::time::timeout(
-                self.op_timeout,
-                client.query_typed(&sql, &[(&key, Type::INT8)]),
-            )
-            .await
+            let app = app_name.as_str();
+            let params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)] = if rename {
+                &[(&key, Type::INT8), (&app, Type::TEXT)]
+            } else {
+                &[(&key, Type::INT8)]
+            };
+            tokio::time::timeout(self.op_timeout, client.query_typed(&sql, params)).await
         };
+        if rename
+            && matches!(r, Ok(Ok(_)))
+            && let Some(s) = guard.as_mut()
+        {
+            s.app_name = app_name;
+        }
         let forget = |this: &Self| {
             let mut held = this.held();
             if held

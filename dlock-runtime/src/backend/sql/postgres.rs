@@ -90,7 +90,8 @@ where
 ///     owner      text        NOT NULL,     -- the holder's owner id
 ///     count      integer     NOT NULL,     -- re-entrant hold count (0 = kept by hold_at_least)
 ///     fence      bigint      NOT NULL,     -- fencing token of the hold, from the sequence
-///     expires_at timestamptz NOT NULL      -- end of the lease, by the database clock
+///     expires_at timestamptz NOT NULL,     -- end of the lease, by the database clock
+///     holder     text                      -- who holds it: name@host:pid (NULL: an older version)
 /// );
 /// -- The queue of waiting processes (one row per process and name; see "PostgreSQL waiting" in
 /// -- docs/postgres.md). Unlogged: a row costs no WAL flush, and a server crash, which ends every
@@ -104,9 +105,10 @@ where
 ///     beat       timestamptz,              -- its last heartbeat (NULL: an older version's row)
 ///     PRIMARY KEY (name, channel)
 /// );
-/// -- Tables of older versions gain the heartbeat column (a DO block: ALTER TABLE only when it
-/// -- is missing, so no exclusive lock is taken at every connect):
+/// -- Tables of older versions gain the heartbeat and holder columns (DO blocks: ALTER TABLE only
+/// -- when one is missing, so no exclusive lock is taken at every connect):
 /// ALTER TABLE dlock_locks_waiters ADD COLUMN beat timestamptz;
+/// ALTER TABLE dlock_locks ADD COLUMN holder text;
 /// ```
 pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
     check_table(table)?;
@@ -117,7 +119,8 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
              owner text NOT NULL,\n    \
              count integer NOT NULL,\n    \
              fence bigint NOT NULL,\n    \
-             expires_at timestamptz NOT NULL\n\
+             expires_at timestamptz NOT NULL,\n    \
+             holder text\n\
          );\n\
          CREATE UNLOGGED TABLE IF NOT EXISTS {table}_waiters (\n    \
              name bytea NOT NULL,\n    \
@@ -133,6 +136,10 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
                           AND attname = 'beat' AND NOT attisdropped) THEN \
              ALTER TABLE {table}_waiters ADD COLUMN beat timestamptz; \
            END IF; \
+           IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = '{table}'::regclass \
+                          AND attname = 'holder' AND NOT attisdropped) THEN \
+             ALTER TABLE {table} ADD COLUMN holder text; \
+           END IF; \
          END $dlock$;\n"
     ))
 }
@@ -141,6 +148,10 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
 #[derive(Debug)]
 struct Sql {
     acquire: String,
+    /// `acquire` that also stores the holder identity (`$4`; v5), for a table with the column.
+    acquire_holder: String,
+    /// Whether the table has the `holder` column.
+    holder_exists: String,
     release: String,
     /// Whether `$2`'s release of `$1` was applied (its own row at count 0).
     released_by: String,
@@ -165,6 +176,8 @@ struct Functions {
     /// Whether the v1 and v2 functions exist.
     exist_fifo: String,
     acquire: String,
+    /// `acquire` that also stores the holder identity (`$4`; v5).
+    acquire_holder: String,
     release: String,
     extend: String,
     fifo: Fifo,
@@ -174,6 +187,8 @@ struct Functions {
 #[derive(Debug)]
 struct Fifo {
     acquire: String,
+    /// `acquire` that also stores the holder identity (`$7`; v5).
+    acquire_holder: String,
     /// The release of a process with waiters of its own for the name (they queue).
     release: String,
     /// The release of a process without (statements only; the function does both).
@@ -226,7 +241,16 @@ pub(crate) fn mint(table: &str, floor: &str, us: &str) -> String {
 /// `v4`: this version's statements (the token floor of [`mint`]; queued rows carry a heartbeat);
 /// without it, the bodies of the older functions, kept as they were for processes of older
 /// versions.
-fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String, String) {
+///
+/// `holder` (with `v4`; the v5 functions): a grant also stores the holder identity, `$4` (`$7`
+/// in the FIFO form), in the `holder` column.
+fn grant_statements(
+    table: &str,
+    durable: bool,
+    fifo: bool,
+    v4: bool,
+    holder: bool,
+) -> (String, String) {
     {
         // The FIFO form (v2): `$4` is the caller's channel (NULL: not queued), `$5`/`$6` its
         // listener's pid and start. A busy answer queues the process (keeping its place when it
@@ -297,6 +321,16 @@ fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String
         } else {
             "GREATEST(0, (extract(epoch FROM l.expires_at - c.now) * 1000000)::bigint)"
         };
+        let (holder_set, holder_col, holder_val) = if holder {
+            let p = if fifo { "$7" } else { "$4" };
+            (
+                format!("holder = {p}::text, "),
+                ", holder",
+                format!(", {p}::text"),
+            )
+        } else {
+            (String::new(), "", String::new())
+        };
         let acquire = format!(
             "WITH {c}, \
              upd AS ( \
@@ -307,13 +341,13 @@ fn grant_statements(table: &str, durable: bool, fifo: bool, v4: bool) -> (String
                  expires_at = CASE WHEN l.owner = $2 AND l.expires_at > c.now \
                                    THEN GREATEST(l.expires_at, c.now + $3 * interval '1 microsecond') \
                                    ELSE c.now + $3 * interval '1 microsecond' END, \
-                 owner = $2 \
+                 {holder_set}owner = $2 \
                FROM c \
                WHERE l.name = $1 AND (l.owner = $2 OR l.expires_at <= c.now) \
                RETURNING l.fence, l.count), \
              ins AS ( \
-               INSERT INTO {table} (name, owner, count, fence, expires_at) \
-               SELECT $1, $2, 1, {mint_ins}, c.now + $3 * interval '1 microsecond' FROM c \
+               INSERT INTO {table} (name, owner, count, fence, expires_at{holder_col}) \
+               SELECT $1, $2, 1, {mint_ins}, c.now + $3 * interval '1 microsecond'{holder_val} FROM c \
                WHERE NOT EXISTS (SELECT 1 FROM upd) \
                  AND NOT EXISTS (SELECT 1 FROM {table} WHERE name = $1) \
                ON CONFLICT (name) DO NOTHING \
@@ -556,6 +590,10 @@ const EXTEND_VERSION: u32 = 3;
 /// and the FIFO judges a queued process by its heartbeat too (`<table>_release_q_v4`,
 /// `<table>_leave_v4`).
 const TOKEN_VERSION: u32 = 4;
+/// v5: the v4 grants that also store the holder identity in the table's `holder` column
+/// (`<table>_acquire_v5`, `<table>_acquire_nf_v5`, `<table>_acquire_q_v5`,
+/// `<table>_acquire_q_nf_v5`); called only where the table has the column.
+const HOLDER_VERSION: u32 = 5;
 
 /// The DDL of the PL/pgSQL functions `server_functions` calls (see
 /// [`PostgresBackendBuilder::server_functions`]): `<table>_acquire_v1`, `<table>_acquire_nf_v1`
@@ -579,10 +617,10 @@ fn functions(table: &str, durable: bool) -> Functions {
     let channel = channel_of(table);
     let v = FUNCTIONS_VERSION;
     let v2 = FIFO_VERSION;
-    let (acquire_d1, extend_d) = grant_statements(table, true, false, false);
-    let (acquire_nf1, extend_nf) = grant_statements(table, false, false, false);
-    let (acquire_d, extend_d4) = grant_statements(table, true, false, true);
-    let (acquire_nf, extend_nf4) = grant_statements(table, false, false, true);
+    let (acquire_d1, extend_d) = grant_statements(table, true, false, false, false);
+    let (acquire_nf1, extend_nf) = grant_statements(table, false, false, false, false);
+    let (acquire_d, extend_d4) = grant_statements(table, true, false, true, false);
+    let (acquire_nf, extend_nf4) = grant_statements(table, false, false, true, false);
     let v4 = TOKEN_VERSION;
     // The v1 extend functions as they were (older processes call them); this version calls
     // the v3 ones, which do not extend a released row.
@@ -593,12 +631,20 @@ fn functions(table: &str, durable: bool) -> Functions {
     );
     let v3 = EXTEND_VERSION;
     let release = release_statement(table, &channel, false);
-    let (acquire_d2, _) = grant_statements(table, true, true, false);
-    let (acquire_nf2, _) = grant_statements(table, false, true, false);
+    let (acquire_d2, _) = grant_statements(table, true, true, false, false);
+    let (acquire_nf2, _) = grant_statements(table, false, true, false, false);
     let release2 = release_function_v2(table, &channel, false);
     let leave2 = leave_statement(table, &channel, false);
-    let (acquire_d4, _) = grant_statements(table, true, true, true);
-    let (acquire_nf4, _) = grant_statements(table, false, true, true);
+    let (acquire_d4, _) = grant_statements(table, true, true, true, false);
+    let (acquire_nf4, _) = grant_statements(table, false, true, true, false);
+    // v5: the v4 grants that also store the holder identity.
+    let (acquire_d5, _) = grant_statements(table, true, false, true, true);
+    let (acquire_nf5, _) = grant_statements(table, false, false, true, true);
+    let (acquire_q_d5, _) = grant_statements(table, true, true, true, true);
+    let (acquire_q_nf5, _) = grant_statements(table, false, true, true, true);
+    let v5 = HOLDER_VERSION;
+    let grant_args_h = "bytea, text, bigint, text";
+    let grant_args2_h = "bytea, text, bigint, text, integer, bigint, text";
     let release4 = release_function_v2(table, &channel, true);
     let leave4 = leave_statement(table, &channel, true);
     // Result columns are named r_*, unlike any table column, so no name in the bodies is
@@ -610,7 +656,7 @@ fn functions(table: &str, durable: bool) -> Functions {
     let release_args2 = "bytea, text, boolean, bigint, text, integer, bigint";
     // Older versions' functions first (kept as they were, for their processes), then this
     // version's.
-    let defs: [(&str, u32, &str, &str, &str); 19] = [
+    let defs: [(&str, u32, &str, &str, &str); 23] = [
         ("acquire", v, grant_args, acquire_ret, &acquire_d1),
         ("acquire_nf", v, grant_args, acquire_ret, &acquire_nf1),
         (
@@ -654,6 +700,16 @@ fn functions(table: &str, durable: bool) -> Functions {
             "r_notified text",
             &leave4,
         ),
+        ("acquire", v5, grant_args_h, acquire_ret, &acquire_d5),
+        ("acquire_nf", v5, grant_args_h, acquire_ret, &acquire_nf5),
+        ("acquire_q", v5, grant_args2_h, acquire_ret, &acquire_q_d5),
+        (
+            "acquire_q_nf",
+            v5,
+            grant_args2_h,
+            acquire_ret,
+            &acquire_q_nf5,
+        ),
     ];
     let ddl = defs
         .iter()
@@ -684,13 +740,17 @@ fn functions(table: &str, durable: bool) -> Functions {
     let nf = if durable { "" } else { "_nf" };
     Functions {
         ddl,
-        exist: exist_of(&|ver| ver == v || ver == v4),
+        exist: exist_of(&|ver| ver == v || ver == v4 || ver == v5),
         exist_fifo: exist_of(&|_| true),
         acquire: format!("SELECT * FROM {table}_acquire{nf}_v{v4}($1, $2, $3)"),
+        acquire_holder: format!("SELECT * FROM {table}_acquire{nf}_v{v5}($1, $2, $3, $4)"),
         release: format!("SELECT * FROM {table}_release_v{v}($1, $2, $3, $4)"),
         extend: format!("SELECT * FROM {table}_extend{nf}_v{v4}($1, $2, $3)"),
         fifo: Fifo {
             acquire: format!("SELECT * FROM {table}_acquire_q{nf}_v{v4}($1, $2, $3, $4, $5, $6)"),
+            acquire_holder: format!(
+                "SELECT * FROM {table}_acquire_q{nf}_v{v5}($1, $2, $3, $4, $5, $6, $7)"
+            ),
             release: format!("SELECT * FROM {table}_release_q_v{v4}($1, $2, $3, $4, $5, $6, $7)"),
             release_light: String::new(),
             cleanup: String::new(),
@@ -705,10 +765,11 @@ impl Sql {
     fn new(table: &str, durable: bool) -> Result<Sql, LockError> {
         let schema = postgres_schema_sql(table)?;
         let channel = channel_of(table);
-        let (acquire, extend) = grant_statements(table, durable, false, true);
+        let (acquire, extend) = grant_statements(table, durable, false, true, false);
         let release = release_statement(table, &channel, false);
         let fifo = Fifo {
-            acquire: grant_statements(table, durable, true, true).0,
+            acquire: grant_statements(table, durable, true, true, false).0,
+            acquire_holder: grant_statements(table, durable, true, true, true).0,
             release: release_statement(table, &channel, true),
             release_light: release_light_statement(table, &channel, true),
             cleanup: cleanup_statement(table, true),
@@ -723,6 +784,12 @@ impl Sql {
         );
         Ok(Sql {
             acquire,
+            acquire_holder: grant_statements(table, durable, false, true, true).0,
+            holder_exists: format!(
+                "SELECT EXISTS (SELECT 1 FROM pg_attribute \
+                 WHERE attrelid = to_regclass('{table}') AND attname = 'holder' \
+                   AND NOT attisdropped)"
+            ),
             release,
             released_by: format!("SELECT owner = $2 AND count = 0 FROM {table} WHERE name = $1"),
             extend,
@@ -1172,6 +1239,7 @@ impl PostgresBackendBuilder {
                 releases: std::sync::atomic::AtomicU64::new(0),
                 prepared: self.prepared_statements,
                 functions: std::sync::atomic::AtomicBool::new(false),
+                holder: std::sync::atomic::AtomicBool::new(false),
                 tries: Mutex::default(),
                 unconfirmed: super::Unconfirmed::default(),
                 statement_timeout: self.statement_timeout,
@@ -1183,6 +1251,19 @@ impl PostgresBackendBuilder {
             backend.ping().await?;
         }
         backend.warn_if_spelled_otherwise().await;
+        if !self.advisory {
+            let holder = backend.holder_column_exists().await?;
+            if !holder {
+                tracing::info!(
+                    table = %self.table,
+                    "dlock: PostgreSQL lock table without the holder column; holders are not named (apply dlock::postgres_schema_sql to add it)"
+                );
+            }
+            backend
+                .inner
+                .holder
+                .store(holder, std::sync::atomic::Ordering::Relaxed);
+        }
         let mut fifo = self.fifo_wakeups
             && !self.advisory
             && backend.inner.listen_config.is_some()
@@ -1273,6 +1354,9 @@ struct Inner {
     /// Calls of the server functions instead of the statements (see `server_functions`); set
     /// once at connect.
     functions: std::sync::atomic::AtomicBool,
+    /// Grants store the holder identity (the table has the `holder` column; see
+    /// [`HOLDER_VERSION`]).
+    holder: std::sync::atomic::AtomicBool,
     /// Acquire statements whose reply has not been read (yet), per (name, owner): the give-back
     /// of such an owner is ordered behind its try (see [`TrySlot`]).
     tries: Mutex<std::collections::HashMap<(String, String), Arc<TrySlot>>>,
@@ -1628,6 +1712,26 @@ impl PostgresBackend {
                 "dlock: PostgreSQL table named otherwise than its canonical spelling; every process must spell it the same way (advisory keys and release channels follow the configured name)"
             );
         }
+    }
+
+    /// Whether the lock table has the `holder` column (a table of an older version migrated by
+    /// hand may not).
+    async fn holder_column_exists(&self) -> Result<bool, LockError> {
+        let pool = &self.inner.pool;
+        let sql = &self.inner.sql.holder_exists;
+        bounded(
+            "",
+            "the holder column check",
+            self.inner.op_timeout,
+            async {
+                let c = pool.get().await?;
+                let rows = c.simple_query(sql).await?;
+                Ok::<_, DynError>(rows.iter().any(|m| {
+                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
+            }))
+            },
+        )
+        .await
     }
 
     /// Whether the table of the waiters' FIFO exists.
@@ -2370,7 +2474,28 @@ impl Backend for PostgresBackend {
             // Queued (v2) only when callers here wait for the name: a first try, a try with no
             // wait, an uncontended acquire send the v1 statement, which never writes the queue.
             let me = self.queue_as(name);
+            // The holder identity, stored by the grant where the table has the column.
+            let holder = self
+                .inner
+                .holder
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .then(crate::holder::holder_text);
+            let holder_ref = holder.as_deref();
             let rows = match &me {
+                None if holder.is_some() => {
+                    self.query_try(
+                        name,
+                        owner,
+                        self.sql_for(|s| &s.acquire_holder, |f| &f.acquire_holder),
+                        &[
+                            (&name.as_bytes(), Type::BYTEA),
+                            (&owner, Type::TEXT),
+                            (&ttl_us, Type::INT8),
+                            (&holder_ref, Type::TEXT),
+                        ],
+                    )
+                    .await?
+                }
                 None => {
                     self.query_try(
                         name,
@@ -2393,8 +2518,24 @@ impl Backend for PostgresBackend {
                         me: m,
                         granted: false,
                     };
-                    let rows = self
-                        .query_try(
+                    let rows = if holder.is_some() {
+                        self.query_try(
+                            name,
+                            owner,
+                            self.sql_for(|s| &s.fifo.acquire_holder, |f| &f.fifo.acquire_holder),
+                            &[
+                                (&name.as_bytes(), Type::BYTEA),
+                                (&owner, Type::TEXT),
+                                (&ttl_us, Type::INT8),
+                                (&m.channel.as_str(), Type::TEXT),
+                                (&m.pid, Type::INT4),
+                                (&m.started_us, Type::INT8),
+                                (&holder_ref, Type::TEXT),
+                            ],
+                        )
+                        .await?
+                    } else {
+                        self.query_try(
                             name,
                             owner,
                             self.sql_for(|s| &s.fifo.acquire, |f| &f.fifo.acquire),
@@ -2407,7 +2548,8 @@ impl Backend for PostgresBackend {
                                 (&m.started_us, Type::INT8),
                             ],
                         )
-                        .await?;
+                        .await?
+                    };
                     // A grant took this process out of the queue.
                     after.granted = rows
                         .first()

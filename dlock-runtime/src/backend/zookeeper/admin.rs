@@ -1,5 +1,5 @@
 //! [`Admin`] for ZooKeeper: reads the lock parents under the root (`/dlock`) and their
-//! contender nodes (`_c_<guid>-lock-<sequence>`, data = owner id, the lowest sequence holds),
+//! contender nodes (`_c_<guid>-lock-<sequence>`, data = owner id and, after a newline, the holder identity; the lowest sequence holds),
 //! force-releases by deleting the holder's node (its successor's predecessor watch fires), and
 //! watches with one persistent recursive watch on the root (ZooKeeper >= 3.6).
 //!
@@ -84,12 +84,22 @@ fn token_of(parent_data: &[u8], child: &str) -> Option<u64> {
     last_token(parent_data).and_then(|(t, node)| (node == child).then_some(t))
 }
 
-/// The owner id stored in a node (empty for nodes of dlock versions that stored none).
+/// The owner id stored in a node (empty for nodes of dlock versions that stored none): the
+/// data up to its first newline (after it, the holder identity; see [`holder_of`]).
 fn owner_of(data: &[u8], session: i64) -> String {
-    match std::str::from_utf8(data) {
+    match std::str::from_utf8(data).map(|s| s.split_once('\n').map_or(s, |(o, _)| o)) {
         Ok(s) if !s.is_empty() => s.to_string(),
         _ => format!("(not stored; session 0x{session:x})"),
     }
+}
+
+/// The holder identity stored in a node after the owner id and a newline (`None` for nodes of
+/// older versions).
+fn holder_of(data: &[u8]) -> Option<&str> {
+    std::str::from_utf8(data)
+        .ok()?
+        .split_once('\n')
+        .map(|(_, h)| h)
 }
 
 impl ZookeeperAdmin {
@@ -232,7 +242,10 @@ impl ZookeeperAdmin {
                 continue;
             }
             let mut info = LockInfo::new(name);
-            info.holders = vec![Holder::new(owner_of(&data, stat.ephemeral_owner), 1)];
+            info.holders = vec![
+                Holder::new(owner_of(&data, stat.ephemeral_owner), 1)
+                    .with_identity_text(holder_of(&data)),
+            ];
             info.token = token;
             info.waiters = Some(nodes.len() as u64 - 1);
             info.waiters_are = "queued contenders";
