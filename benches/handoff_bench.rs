@@ -271,6 +271,9 @@ impl Backend for Counting {
     fn queues_contenders(&self) -> bool {
         self.inner.queues_contenders()
     }
+    fn fresh_owner_per_try(&self) -> bool {
+        self.inner.fresh_owner_per_try()
+    }
     fn lease_expires_by_ttl(&self) -> bool {
         self.inner.lease_expires_by_ttl()
     }

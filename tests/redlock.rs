@@ -1232,6 +1232,9 @@ impl Backend for CountTries {
     fn lease_margin(&self, ttl: Duration) -> Duration {
         self.inner.lease_margin(ttl)
     }
+    fn fresh_owner_per_try(&self) -> bool {
+        self.inner.fresh_owner_per_try()
+    }
 }
 
 /// Issue 19: 8 contenders on 4 backends (4 clients, as 4 processes would be, each with its own
@@ -1299,4 +1302,183 @@ async fn contenders_make_few_tries_per_acquisition_no_wake_up_loop() {
         "{tries} tries for {acq} acquisitions ({per:.2} each): a wake-up loop"
     );
     assert!(started.elapsed() < Duration::from_secs(60));
+}
+
+/// Counts the tries through a backend that have answered (the test waits on it).
+#[derive(Debug)]
+struct AnsweredTries {
+    inner: Arc<dyn Backend>,
+    answered: tokio::sync::watch::Sender<u64>,
+}
+
+impl Backend for AnsweredTries {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> dlock::BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(async move {
+            let r = self.inner.try_acquire(name, owner, ttl).await;
+            self.answered.send_modify(|n| *n += 1);
+            r
+        })
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, LockError>> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> dlock::BoxFuture<'a, Result<dlock::Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        self.inner.lease_margin(ttl)
+    }
+    fn fresh_owner_per_try(&self) -> bool {
+        self.inner.fresh_owner_per_try()
+    }
+}
+
+/// A busy try's clean-up on a node can still run there long after the try answered: a release
+/// that timed out (its request held in a partition and delivered after the heal), or the node
+/// backend's background retry of it. Before, the next try of the same acquisition reused the
+/// owner id, so once a later clean-up on that node was confirmed (which cleared the refusal of
+/// the owner there) a later try could be granted on that node under that id, and the late
+/// release then deleted the grant behind its guard: another owner got a quorum while the guard
+/// was valid, and the guard's release answered `NotOwner` (the lock_behaviour failure on a
+/// loaded machine). Every try on Redlock now has an owner id of its own.
+///
+/// A holds nodes 1 and 2 (another owner, `h`); A's first try takes node 0 only, whose reply is
+/// late (500 ms). A partition starts before that reply arrives, so the try's clean-up on node 0
+/// (sent once the reply is read) is held in it; after the heal it is delivered 5 s late. In
+/// between, the node backend's retry frees node 0, `h` gives node 1 back, and A is granted
+/// nodes 0 and 1. When the held clean-up lands, A must still hold both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_busy_tries_late_clean_up_never_deletes_a_later_grant() {
+    use common::proxy::{Mode, Proxy};
+    const HELD: Duration = Duration::from_secs(5);
+    let servers = nodes(3).await;
+    let p0 = Proxy::start(servers[0].port());
+    let name = "rl-late-clean-up";
+    let keys = dlock::redis_keys(name);
+    let ttl = Duration::from_secs(30);
+    let h1 = RedisBackend::connect(&servers[1].url()).await.unwrap();
+    let h2 = RedisBackend::connect(&servers[2].url()).await.unwrap();
+    for h in [&h1, &h2] {
+        let r = h.try_acquire(name, "h", ttl).await.unwrap();
+        assert!(matches!(r, Acquired::Granted { .. }), "{r:?}");
+    }
+    let rl = RedlockBackend::builder([p0.url(), servers[1].url(), servers[2].url()])
+        .restart_delay(Duration::ZERO)
+        .node_timeout(Duration::from_millis(100))
+        .connect()
+        .await
+        .unwrap();
+    let (answered, mut answers) = tokio::sync::watch::channel(0u64);
+    let via: Arc<dyn Backend> = Arc::new(AnsweredTries {
+        inner: Arc::new(rl),
+        answered,
+    });
+    let node0_has_lock = || {
+        let s = &servers[0];
+        let k = &keys.lock;
+        async move {
+            let n: i64 = redis::cmd("EXISTS")
+                .arg(k)
+                .query_async(&mut s.admin_async().await)
+                .await
+                .unwrap();
+            n == 1
+        }
+    };
+    p0.set_mode(Mode::Delay(Duration::from_millis(500)));
+    let a = tokio::spawn({
+        let via = via.clone();
+        async move {
+            Lock::new(name)
+                .with_backend(via)
+                .ttl(ttl)
+                .wait(Duration::from_secs(25))
+                .acquire()
+                .await
+        }
+    });
+    // The first try's acquire ran on node 0; its reply is on its way back for 500 ms more.
+    assert!(common::eventually(Duration::from_secs(2), node0_has_lock).await);
+    p0.set_mode(Mode::Hold);
+    // The clean-up is sent once the reply is read, held, and times out (1 s); the node's backend
+    // retries it in the background (refused: no connection can be set up during the hold).
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    p0.heal_delivering_held_after(HELD);
+    let healed = Instant::now();
+    // A retry on a new connection frees node 0.
+    assert!(
+        common::eventually(Duration::from_secs(3), || async { !node0_has_lock().await }).await,
+        "the clean-up of the first try was not retried after the heal"
+    );
+    // Another try (`h` still holds nodes 1 and 2: busy), woken by a release message.
+    let before = *answers.borrow_and_update();
+    let _: i64 = redis::cmd("PUBLISH")
+        .arg(&keys.channel)
+        .arg("1")
+        .query(&mut servers[1].admin())
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(2), answers.wait_for(|n| *n > before)).await;
+    // `h` gives node 1 back (its release publishes): A's next try is granted nodes 0 and 1.
+    assert_eq!(
+        h1.release(name, "h", None, true).await.unwrap(),
+        dlock::Released::Freed
+    );
+    // The held clean-up of the first try reaches node 0.
+    tokio::time::sleep_until((healed + HELD + Duration::from_millis(700)).into()).await;
+    assert!(
+        a.is_finished(),
+        "A was not granted before the held clean-up was delivered (the test proves nothing)"
+    );
+    h2.release(name, "h", None, true).await.unwrap();
+    let g = a.await.unwrap().expect("A's acquire");
+    assert!(g.is_valid());
+    let mut holding = Vec::new();
+    for (i, s) in servers.iter().enumerate() {
+        let n: i64 = redis::cmd("HEXISTS")
+            .arg(&keys.lock)
+            .arg(g.owner())
+            .query(&mut s.admin())
+            .unwrap();
+        if n == 1 {
+            holding.push(i);
+        }
+    }
+    let third = RedlockBackend::builder(urls(&servers))
+        .restart_delay(Duration::ZERO)
+        .node_timeout(Duration::from_secs(1))
+        .connect()
+        .await
+        .unwrap();
+    let r = third.try_acquire(name, "third", ttl).await;
+    assert!(
+        holding.len() >= 2,
+        "a valid guard holds only nodes {holding:?} (a late clean-up deleted its grant); another owner's try: {r:?}"
+    );
+    assert!(
+        matches!(r, Ok(Acquired::Busy { .. })),
+        "another owner's try while a guard is valid: {r:?}"
+    );
+    g.release().await.expect("the guard's release");
 }

@@ -385,7 +385,8 @@ impl Acquisition<'_> {
     }
 
     /// After a try whose outcome is unknown (it was cleaned up under its owner id), later tries
-    /// use a new one, so a try that still runs late cannot be counted twice.
+    /// use a new one, so a try that still runs late cannot be counted twice; after a busy one
+    /// too where the backend asks for it (`Backend::fresh_owner_per_try`).
     fn new_owner(&mut self) {
         self.owner = context::new_owner();
         self.give_up.owner = self.owner.clone();
@@ -548,6 +549,12 @@ impl Acquisition<'_> {
                 key: self.lock.name.clone(),
                 retry_after: r,
             });
+        }
+        if self.backend.fresh_owner_per_try() {
+            // The busy try's clean-up may still run on the server (Redlock: on the nodes it
+            // took, in the background, or late after a timeout): under this owner id it would
+            // delete a later try's grant behind its guard.
+            self.new_owner();
         }
         Ok(())
     }

@@ -209,6 +209,17 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// True when a try that was not granted can leave a release of its owner id still to run on
+    /// the server after the try answered (Redlock: the clean-up of the nodes a busy try took
+    /// runs in the background, its retries too, and one that timed out may be delivered late).
+    /// The runtime then sends every try under an owner id of its own, also after a busy answer,
+    /// so that such a release can only ever meet the grants of the try it cleans up, never a
+    /// later try's. Default: false (a busy try leaves nothing behind, and the next try keeps the
+    /// owner id; a backend that queues contenders needs it kept).
+    fn fresh_owner_per_try(&self) -> bool {
+        false
+    }
+
     /// True when a hold that nobody renews ends by itself once its ttl has run out on the server
     /// (Redis, the lock tables, memory). False when the backend keeps the hold alive on its own
     /// (a ZooKeeper session, an etcd lease shared with other holds, a PostgreSQL advisory

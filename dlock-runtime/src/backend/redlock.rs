@@ -11,7 +11,10 @@
 //! * **Clean-up.** A failed acquire, and every release, runs the release script on every node,
 //!   including those that did not answer in time (after their acquire finished). A failed
 //!   try's clean-up runs to its end in a task of its own; this owner's next try on that node
-//!   waits for it. It publishes no wake-up when the try's busy answers (which name the holder)
+//!   waits for it. A clean-up can still run on a node after that (retried by the node's
+//!   backend, or a timed-out release delivered late), so the runtime sends every try under an
+//!   owner id of its own, also after a busy answer ([`Backend::fresh_owner_per_try`]): a late
+//!   clean-up then only meets its own try's grants, never a later try's. It publishes no wake-up when the try's busy answers (which name the holder)
 //!   show one owner on a quorum: that owner's release wakes the waiters (issue 19: otherwise
 //!   each waiter woken took the freed node again, failed and woke the next, for the whole hold).
 //! * **Restarted nodes.** A node whose `run_id` changed (or that this backend first reaches
@@ -1327,6 +1330,13 @@ impl Backend for RedlockBackend {
 
     fn lease_margin(&self, ttl: Duration) -> Duration {
         self.inner.drift(ttl)
+    }
+
+    /// A busy try's clean-up runs on the nodes it took after the try answered (in the
+    /// background, retried by the node's backend, possibly late after a timeout): under the
+    /// same owner id it could delete a later try's grant there.
+    fn fresh_owner_per_try(&self) -> bool {
+        true
     }
 }
 
