@@ -1317,7 +1317,7 @@ impl Backend for AnsweredTries {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<Acquired, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
             let r = self.inner.try_acquire(name, owner, ttl).await;
             self.answered.send_modify(|n| *n += 1);
@@ -1330,7 +1330,7 @@ impl Backend for AnsweredTries {
         owner: &'a str,
         keep_for: Option<Duration>,
         all: bool,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Released, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, LockError>> {
         self.inner.release(name, owner, keep_for, all)
     }
     fn extend<'a>(
@@ -1338,10 +1338,13 @@ impl Backend for AnsweredTries {
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
-    ) -> dlock::BoxFuture<'a, Result<dlock::Extended, LockError>> {
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, LockError>> {
         self.inner.extend(name, owner, ttl)
     }
-    fn watch<'a>(&'a self, name: &'a str) -> dlock::BoxFuture<'a, Result<dlock::Watch, LockError>> {
+    fn watch<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, LockError>> {
         self.inner.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {
@@ -1376,7 +1379,7 @@ async fn a_busy_tries_late_clean_up_never_deletes_a_later_grant() {
     let servers = nodes(3).await;
     let p0 = Proxy::start(servers[0].port());
     let name = "rl-late-clean-up";
-    let keys = dlock::redis_keys(name);
+    let keys = dlock::backend::redis_keys(name);
     let ttl = Duration::from_secs(30);
     let h1 = RedisBackend::connect(&servers[1].url()).await.unwrap();
     let h2 = RedisBackend::connect(&servers[2].url()).await.unwrap();
@@ -1443,7 +1446,7 @@ async fn a_busy_tries_late_clean_up_never_deletes_a_later_grant() {
     // `h` gives node 1 back (its release publishes): A's next try is granted nodes 0 and 1.
     assert_eq!(
         h1.release(name, "h", None, true).await.unwrap(),
-        dlock::Released::Freed
+        dlock::backend::Released::Freed
     );
     // The held clean-up of the first try reaches node 0.
     tokio::time::sleep_until((healed + HELD + Duration::from_millis(700)).into()).await;

@@ -144,23 +144,6 @@ where
         .expect("connect Redlock to the private redis-servers")
 }
 
-/// As [`connect_now`], with a 250 ms node timeout instead of the default 50 ms: the shared
-/// behaviour suites assert busy, wait and exclusion, not Redlock's latency, and on a loaded
-/// 2-core machine a contender's try once got no node's answer within 50 ms (a `Backend` error
-/// "no quorum", where the suite expects `Busy`).
-pub async fn connect_for_suite<I, S>(urls: I) -> RedlockBackend
-where
-    I: IntoIterator<Item = S>,
-    S: AsRef<str>,
-{
-    RedlockBackend::builder(urls)
-        .restart_delay(Duration::ZERO)
-        .node_timeout(Duration::from_millis(250))
-        .connect()
-        .await
-        .expect("connect Redlock to the private redis-servers")
-}
-
 /// Waits until every running node's `uptime_in_seconds` is at least `secs` (so a restart
 /// delay of up to `secs` no longer leaves it out of quorums).
 pub async fn wait_uptime(nodes: &[RedisProc], secs: u64) {
