@@ -197,7 +197,7 @@ impl RedisBackendBuilder {
 /// waiters for a name queues on the server (the zset `dlock:{E}:q`, an entry per process with an
 /// expiry in server time) with each busy try, and with its release when waiters of its own remain.
 /// The release pops the oldest entry still live and publishes that process's id, and only that
-/// process wakes a waiter. The others arm a stall timer ([`STALL_AFTER`]) that the woken
+/// process wakes a waiter. The others arm a stall timer (`STALL_AFTER`, 500 ms) that the woken
 /// process's next try stops (each queued try publishes `t`): a woken process that is stopped or
 /// dead costs one stall of that length, after which every waiting process wakes one waiter. With
 /// nobody queued (or only stale entries) the release publishes to every process, as before. A

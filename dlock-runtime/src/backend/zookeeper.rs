@@ -1640,7 +1640,7 @@ impl Backend for ZookeeperBackend {
         false
     }
 
-    /// The session is the lease: the guard counts on at most [`session_lease`] from the send
+    /// The session is the lease: the guard counts on at most the session lease (`session_lease`) from the send
     /// time of its last check confirmed through the leader (a renewal's `sync`, a grant's
     /// `multi`), so a holder cut off from the ensemble, or on a follower cut off from the
     /// leader, counts itself lost by the time the leader may expire its session.
