@@ -7,78 +7,12 @@
 mod common;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use common::RedisProc;
-use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
 use dlock::{Backend, Lock, LockError, LockGuard, RedisBackend};
 
-/// Forwards every trait method to `inner`, counting `try_acquire` calls.
-#[derive(Debug)]
-struct Counting {
-    inner: Arc<dyn Backend>,
-    tries: AtomicU64,
-}
-
-impl Counting {
-    fn new(inner: Arc<dyn Backend>) -> Arc<Counting> {
-        Arc::new(Counting {
-            inner,
-            tries: AtomicU64::new(0),
-        })
-    }
-    fn tries(&self) -> u64 {
-        self.tries.load(Ordering::SeqCst)
-    }
-}
-
-impl Backend for Counting {
-    fn try_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        self.tries.fetch_add(1, Ordering::SeqCst);
-        self.inner.try_acquire(name, owner, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        keep_for: Option<Duration>,
-        all: bool,
-    ) -> BoxFuture<'a, Result<Released, LockError>> {
-        self.inner.release(name, owner, keep_for, all)
-    }
-    fn extend<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        self.inner.extend(name, owner, ttl)
-    }
-    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        self.inner.watch(name)
-    }
-    fn has_waiters(&self, name: &str) -> bool {
-        self.inner.has_waiters(name)
-    }
-    fn lease_margin(&self, ttl: Duration) -> Duration {
-        self.inner.lease_margin(ttl)
-    }
-    fn queues_contenders(&self) -> bool {
-        self.inner.queues_contenders()
-    }
-    fn lease_expires_by_ttl(&self) -> bool {
-        self.inner.lease_expires_by_ttl()
-    }
-    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
-        self.inner.lost_signal(name, owner)
-    }
-}
+use common::counting::CountTries as Counting;
 
 const TTL: Duration = Duration::from_secs(20);
 

@@ -1185,58 +1185,6 @@ async fn tokens_increase_under_random_pauses_and_restarts_of_five_skewed_nodes()
     tokens_increase_with_paused_nodes(&mut servers, &clients, "skewed-restarts-5", &downs).await;
 }
 
-/// Counts the tries the lock loop makes through a backend (issue 19: Redlock wake-ups).
-#[derive(Debug)]
-struct CountTries {
-    inner: Arc<dyn Backend>,
-    tries: std::sync::atomic::AtomicU64,
-}
-
-impl Backend for CountTries {
-    fn try_acquire<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> dlock::backend::BoxFuture<'a, Result<Acquired, LockError>> {
-        self.tries
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        self.inner.try_acquire(name, owner, ttl)
-    }
-    fn release<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        keep_for: Option<Duration>,
-        all: bool,
-    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, LockError>> {
-        self.inner.release(name, owner, keep_for, all)
-    }
-    fn extend<'a>(
-        &'a self,
-        name: &'a str,
-        owner: &'a str,
-        ttl: Duration,
-    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, LockError>> {
-        self.inner.extend(name, owner, ttl)
-    }
-    fn watch<'a>(
-        &'a self,
-        name: &'a str,
-    ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, LockError>> {
-        self.inner.watch(name)
-    }
-    fn has_waiters(&self, name: &str) -> bool {
-        self.inner.has_waiters(name)
-    }
-    fn lease_margin(&self, ttl: Duration) -> Duration {
-        self.inner.lease_margin(ttl)
-    }
-    fn fresh_owner_per_try(&self) -> bool {
-        self.inner.fresh_owner_per_try()
-    }
-}
-
 /// Issue 19: 8 contenders on 4 backends (4 clients, as 4 processes would be, each with its own
 /// subscriptions and wait queues) hand one name over 120 times on 3 nodes. A try that
 /// fails (another owner holds a quorum) gives back the node it took without waking anyone (its
@@ -1253,10 +1201,9 @@ async fn contenders_make_few_tries_per_acquisition_no_wake_up_loop() {
     let servers = nodes(3).await;
     let mut counting = Vec::new();
     for _ in 0..CLIENTS {
-        counting.push(Arc::new(CountTries {
-            inner: Arc::new(connect_now(urls(&servers)).await),
-            tries: Default::default(),
-        }));
+        counting.push(common::counting::CountTries::new(Arc::new(
+            connect_now(urls(&servers)).await,
+        )));
     }
     let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let started = Instant::now();
@@ -1285,10 +1232,7 @@ async fn contenders_make_few_tries_per_acquisition_no_wake_up_loop() {
         t.await.unwrap();
     }
     let acq = done.load(std::sync::atomic::Ordering::SeqCst);
-    let tries: u64 = counting
-        .iter()
-        .map(|c| c.tries.load(std::sync::atomic::Ordering::Relaxed))
-        .sum();
+    let tries: u64 = counting.iter().map(|c| c.tries()).sum();
     let per = tries as f64 / acq as f64;
     eprintln!(
         "{acq} acquisitions, {tries} tries ({per:.2} per acquisition) in {:?}",

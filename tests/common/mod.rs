@@ -8,6 +8,7 @@
 //! message (`scripts/test` installs it); nothing is skipped silently.
 #![allow(dead_code, unreachable_pub)]
 
+pub mod counting;
 pub mod proxy;
 pub mod runtimes;
 

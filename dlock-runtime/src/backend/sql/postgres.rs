@@ -1717,39 +1717,26 @@ impl PostgresBackend {
     /// Whether the lock table has the `holder` column (a table of an older version migrated by
     /// hand may not).
     async fn holder_column_exists(&self) -> Result<bool, LockError> {
-        let pool = &self.inner.pool;
-        let sql = &self.inner.sql.holder_exists;
-        bounded(
-            "",
-            "the holder column check",
-            self.inner.op_timeout,
-            async {
-                let c = pool.get().await?;
-                let rows = c.simple_query(sql).await?;
-                Ok::<_, DynError>(rows.iter().any(|m| {
-                matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
-            }))
-            },
-        )
-        .await
+        self.query_is_true(&self.inner.sql.holder_exists, "the holder column check")
+            .await
     }
 
     /// Whether the table of the waiters' FIFO exists.
     async fn waiters_table_exists(&self) -> Result<bool, LockError> {
+        self.query_is_true(&self.inner.sql.waiters_exist, "the waiters table check")
+            .await
+    }
+
+    /// Runs a one-value boolean query (simple protocol), bounded by the operation timeout.
+    async fn query_is_true(&self, sql: &str, what: &'static str) -> Result<bool, LockError> {
         let pool = &self.inner.pool;
-        let sql = &self.inner.sql.waiters_exist;
-        bounded(
-            "",
-            "the waiters table check",
-            self.inner.op_timeout,
-            async {
-                let c = pool.get().await?;
-                let rows = c.simple_query(sql).await?;
-                Ok::<_, DynError>(rows.iter().any(|m| {
+        bounded("", what, self.inner.op_timeout, async {
+            let c = pool.get().await?;
+            let rows = c.simple_query(sql).await?;
+            Ok::<_, DynError>(rows.iter().any(|m| {
                 matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("t"))
             }))
-            },
-        )
+        })
         .await
     }
 

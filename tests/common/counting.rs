@@ -1,0 +1,81 @@
+//! A backend wrapper that forwards every `Backend` method to the wrapped backend and counts
+//! `try_acquire` calls: the one place a new trait method has to be forwarded for the tests that
+//! count tries (a wrapper that forgot one silently changed the behaviour under test).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::{Backend, LockError};
+
+/// `inner` with its `try_acquire` calls counted.
+#[derive(Debug)]
+pub struct CountTries {
+    pub inner: Arc<dyn Backend>,
+    tries: AtomicU64,
+}
+
+impl CountTries {
+    pub fn new(inner: Arc<dyn Backend>) -> Arc<CountTries> {
+        Arc::new(CountTries {
+            inner,
+            tries: AtomicU64::new(0),
+        })
+    }
+
+    /// `try_acquire` calls so far.
+    pub fn tries(&self) -> u64 {
+        self.tries.load(Ordering::SeqCst)
+    }
+}
+
+impl Backend for CountTries {
+    fn try_acquire<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.tries.fetch_add(1, Ordering::SeqCst);
+        self.inner.try_acquire(name, owner, ttl)
+    }
+    fn release<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release(name, owner, keep_for, all)
+    }
+    fn extend<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        self.inner.extend(name, owner, ttl)
+    }
+    fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch(name)
+    }
+    fn has_waiters(&self, name: &str) -> bool {
+        self.inner.has_waiters(name)
+    }
+    fn lease_margin(&self, ttl: Duration) -> Duration {
+        self.inner.lease_margin(ttl)
+    }
+    fn queues_contenders(&self) -> bool {
+        self.inner.queues_contenders()
+    }
+    fn fresh_owner_per_try(&self) -> bool {
+        self.inner.fresh_owner_per_try()
+    }
+    fn lease_expires_by_ttl(&self) -> bool {
+        self.inner.lease_expires_by_ttl()
+    }
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
+    }
+}
