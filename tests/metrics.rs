@@ -142,8 +142,9 @@ async fn skipped_with_unknown_policy() {
     panic!("the body ran without its lock");
 }
 
-/// A ttl over `Lock::MAX_DURATION` compiles, and fails at every call.
-#[dlock::distributed_lock(key = "metrics-cap", ttl = "400d", on_busy = "skip")]
+/// A ttl over `Lock::MAX_DURATION` from a policy (the attribute refuses one at compile time)
+/// fails at every call.
+#[dlock::distributed_lock(key = "metrics-cap", policy = "metrics-over-cap", on_busy = "skip")]
 async fn ttl_over_the_cap() {
     panic!("the body ran without its lock");
 }
@@ -372,6 +373,9 @@ async fn every_metric_moves_when_it_should() {
         sink.get("dlock_acquire_total", "skipped_with_unknown_policy"),
         1.0
     );
+    let mut over = dlock::Policy::new();
+    over.ttl = Some(Duration::from_secs(400 * 86_400));
+    dlock::define_policy("metrics-over-cap", over);
     ttl_over_the_cap().await;
     assert_eq!(sink.error("default", "ttl_over_the_cap", "config"), 1.0);
     assert_eq!(sink.get("dlock_acquire_total", "ttl_over_the_cap"), 1.0);
@@ -511,4 +515,45 @@ async fn every_metric_moves_when_it_should() {
     ] {
         assert_eq!(units.get(h), Some(&Some(Unit::Seconds)), "{h}: {units:?}");
     }
+}
+
+/// Review m8: a local recorder (`metrics::with_local_recorder`, the test and bench API) that lives
+/// at the address of a dropped one gets handles of its own, not the dropped recorder's (the
+/// handle cache was keyed by the recorder's address). Several recorders in turn, each at the same
+/// stack slot of the loop, each sees its own acquisition.
+#[test]
+fn each_local_recorder_sees_its_own_metrics_even_at_a_reused_address() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let mut addresses = HashSet::new();
+    for i in 0..3 {
+        let recorder = DebuggingRecorder::new();
+        addresses.insert(&recorder as *const DebuggingRecorder as usize);
+        let sink = Sink {
+            snap: recorder.snapshotter(),
+            values: Mutex::default(),
+            units: Mutex::default(),
+        };
+        metrics::with_local_recorder(&recorder, || {
+            rt.block_on(async {
+                let g = dlock::Lock::new("metrics:local")
+                    .metric_name("m_local")
+                    .acquire()
+                    .await
+                    .unwrap();
+                g.release().await.unwrap();
+            })
+        });
+        assert_eq!(sink.result("m_local", "acquired"), 1.0, "recorder {i}");
+        assert_eq!(sink.get("dlock_held", "m_local"), 0.0, "recorder {i}");
+        assert_eq!(
+            sink.get("dlock_hold_seconds", "m_local"),
+            1.0,
+            "recorder {i}"
+        );
+    }
+    // Not the property, but what makes the test bite: the loop reused one address.
+    eprintln!("distinct recorder addresses: {}", addresses.len());
 }

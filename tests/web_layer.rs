@@ -370,18 +370,24 @@ where
     out
 }
 
-/// A backend whose renewals always find another owner: the lease is lost at the first renewal.
+/// The memory backend with two faults to choose: renewals that always find another owner (the
+/// lease is lost at the first renewal), and releases that answer only after `release_delay` (a
+/// stalled server).
 #[derive(Debug, Default)]
-struct LosesOnRenewal(dlock::MemoryBackend);
+struct Faulty {
+    inner: dlock::MemoryBackend,
+    lose_on_renewal: bool,
+    release_delay: Duration,
+}
 
-impl dlock::Backend for LosesOnRenewal {
+impl dlock::Backend for Faulty {
     fn try_acquire<'a>(
         &'a self,
         name: &'a str,
         owner: &'a str,
         ttl: Duration,
     ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Acquired, dlock::LockError>> {
-        self.0.try_acquire(name, owner, ttl)
+        self.inner.try_acquire(name, owner, ttl)
     }
     fn release<'a>(
         &'a self,
@@ -390,30 +396,72 @@ impl dlock::Backend for LosesOnRenewal {
         keep_for: Option<Duration>,
         all: bool,
     ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Released, dlock::LockError>> {
-        self.0.release(name, owner, keep_for, all)
+        Box::pin(async move {
+            tokio::time::sleep(self.release_delay).await;
+            self.inner.release(name, owner, keep_for, all).await
+        })
     }
     fn extend<'a>(
         &'a self,
-        _name: &'a str,
-        _owner: &'a str,
-        _ttl: Duration,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
     ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Extended, dlock::LockError>> {
-        Box::pin(async { Ok(dlock::backend::Extended::Lost) })
+        if self.lose_on_renewal {
+            return Box::pin(async { Ok(dlock::backend::Extended::Lost) });
+        }
+        self.inner.extend(name, owner, ttl)
     }
     fn watch<'a>(
         &'a self,
         name: &'a str,
     ) -> dlock::backend::BoxFuture<'a, Result<dlock::backend::Watch, dlock::LockError>> {
-        self.0.watch(name)
+        self.inner.watch(name)
     }
     fn has_waiters(&self, name: &str) -> bool {
-        self.0.has_waiters(name)
+        self.inner.has_waiters(name)
     }
+}
+
+/// Review (surfaces, nits): the layer awaited the release before returning a response it had
+/// already computed, so a stalled backend delayed every successful response by the release's
+/// bound. The response now goes out at once and the guard gives the lock back in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_release_does_not_delay_the_response() {
+    dlock::register(
+        "web-slow-release",
+        Faulty {
+            release_delay: Duration::from_secs(5),
+            ..Faulty::default()
+        },
+    );
+    let app = Router::new()
+        .route("/s/{id}", post(|| async { "done" }))
+        .route_layer(
+            LockLayer::new(path_key("/s/{id}", "web-slow:{id}").unwrap())
+                .backend("web-slow-release")
+                .ttl(Duration::from_secs(30)),
+        );
+    let addr = serve(app).await;
+    let t = std::time::Instant::now();
+    let r = request(addr, "POST", "/s/1", "").await;
+    let took = t.elapsed();
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        took < Duration::from_secs(2),
+        "the response waited {took:?} for a release that takes 5 s"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_lost_mid_request_answers_503_and_drops_the_handler() {
-    dlock::register("web-loses", LosesOnRenewal::default());
+    dlock::register(
+        "web-loses",
+        Faulty {
+            lose_on_renewal: true,
+            ..Faulty::default()
+        },
+    );
     let dropped = Arc::new(AtomicBool::new(false));
     let d = dropped.clone();
     struct SetOnDrop(Arc<AtomicBool>);

@@ -127,10 +127,10 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
             }
             out.key = Some(s);
         }
-        "ttl" => out.ttl = Some(duration::parse(&lit_str(name, value)?, name, true)?),
+        "ttl" => out.ttl = Some(duration::parse_capped(&lit_str(name, value)?, name, true)?),
         "wait" => out.wait = Some(duration::parse(&lit_str(name, value)?, name, false)?),
         "hold_at_least" => {
-            out.hold_at_least = Some(duration::parse(&lit_str(name, value)?, name, false)?);
+            out.hold_at_least = Some(duration::parse_capped(&lit_str(name, value)?, name, false)?);
         }
         "backend" => out.backend = Some(non_empty(name, &lit_str(name, value)?)?),
         "policy" => out.policy = Some(non_empty(name, &lit_str(name, value)?)?),

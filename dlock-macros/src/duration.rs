@@ -24,9 +24,25 @@ pub(crate) fn parse(lit: &LitStr, option: &str, positive: bool) -> syn::Result<D
     Ok(d)
 }
 
+/// [`parse`], and refuses more than [`dlock_template::MAX_DURATION`] (365 days), which the runtime
+/// would refuse at every call (for `ttl` and `hold_at_least`; a `wait` that long waits for ever).
+pub(crate) fn parse_capped(lit: &LitStr, option: &str, positive: bool) -> syn::Result<Duration> {
+    let d = parse(lit, option, positive)?;
+    if d > dlock_template::MAX_DURATION {
+        return Err(syn::Error::new(
+            lit.span(),
+            format!(
+                "`{option}`: {:?} is longer than the cap of 365 days",
+                lit.value()
+            ),
+        ));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
-    use super::parse;
+    use super::{parse, parse_capped};
 
     fn lit(s: &str) -> syn::LitStr {
         syn::LitStr::new(s, proc_macro2::Span::call_site())
@@ -40,5 +56,11 @@ mod tests {
         assert!(parse(&lit("0s"), "ttl", true).is_err());
         assert!(parse(&lit("0s"), "wait", false).unwrap().is_zero());
         assert!(parse(&lit("soon"), "ttl", true).is_err());
+        assert_eq!(
+            parse_capped(&lit("365d"), "ttl", true).unwrap().as_secs(),
+            365 * 86_400
+        );
+        assert!(parse_capped(&lit("366d"), "ttl", true).is_err());
+        assert!(parse_capped(&lit("400d"), "hold_at_least", false).is_err());
     }
 }

@@ -258,6 +258,48 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     }
 }
 
+/// Parses a key template literal with the shared scanner, then checks that every name in a
+/// placeholder is a Rust identifier, a keyword (`{d.type}` reads the field `r#type`) or a raw
+/// identifier (the scanner only knows letters and digits: `{a.b²}` passed it and made
+/// `Ident::new` panic).
+fn parse_template(lit: &syn::LitStr) -> Result<template::Template, Vec<String>> {
+    let tpl = template::parse(&lit.value())?;
+    let mut errors = Vec::new();
+    for seg in &tpl.segments {
+        let Segment::Value(path) = seg else { continue };
+        for (n, part) in path.iter().enumerate() {
+            let index = n > 0 && part.chars().all(|c| c.is_ascii_digit());
+            if index || (n == 0 && part == "self") || try_ident(part).is_some() {
+                continue;
+            }
+            errors.push(format!(
+                "`{{{}}}`: `{part}` is not a Rust identifier",
+                path.join(".")
+            ));
+        }
+    }
+    if errors.is_empty() {
+        Ok(tpl)
+    } else {
+        Err(errors)
+    }
+}
+
+/// `name` as an identifier: as written, or raw when it is a keyword (`type` -> `r#type`).
+fn try_ident(name: &str) -> Option<syn::Ident> {
+    syn::parse_str::<syn::Ident>(name)
+        .or_else(|_| syn::parse_str::<syn::Ident>(&format!("r#{name}")))
+        .ok()
+}
+
+/// An identifier for a placeholder name `parse_template` accepted, spanned at `span`.
+fn ident(name: &str, span: Span) -> syn::Ident {
+    let mut id =
+        try_ident(name).unwrap_or_else(|| syn::Ident::new("__dlock_invalid_placeholder", span));
+    id.set_span(span);
+    id
+}
+
 /// The block that renders the key template (see the crate docs for the escaping rule).
 fn key_code(
     lit: &syn::LitStr,
@@ -265,7 +307,7 @@ fn key_code(
     p: &TokenStream,
     errors: &mut Errors,
 ) -> TokenStream {
-    let tpl = match template::parse(&lit.value()) {
+    let tpl = match parse_template(lit) {
         Ok(t) => t,
         Err(msgs) => {
             for m in msgs {
@@ -286,7 +328,8 @@ fn key_code(
             Segment::Value(path) => {
                 cap += 8;
                 let root = &path[0];
-                let Some(b) = bindings.iter().find(|b| b.name == *root) else {
+                let unraw = root.strip_prefix("r#").unwrap_or(root);
+                let Some(b) = bindings.iter().find(|b| b.name == unraw) else {
                     let msg = if root == "self" {
                         format!(
                             "`{{{}}}`: `{}` has no `self` receiver",
@@ -348,7 +391,7 @@ fn push_fields(expr: &mut TokenStream, fields: &[String], span: Span) {
             };
             expr.extend(quote_spanned!(span=> .#idx));
         } else {
-            let id = syn::Ident::new(field, span);
+            let id = ident(field, span);
             expr.extend(quote_spanned!(span=> .#id));
         }
     }
@@ -377,7 +420,7 @@ pub(crate) fn key_macro(input: TokenStream) -> TokenStream {
         Err(e) => return e.to_compile_error(),
     };
     let p = quote!(#krate::__private);
-    let tpl = match template::parse(&lit.value()) {
+    let tpl = match parse_template(&lit) {
         Ok(t) => t,
         Err(msgs) => {
             let mut errors = Errors::default();
@@ -401,7 +444,7 @@ pub(crate) fn key_macro(input: TokenStream) -> TokenStream {
                 let mut expr = if path[0] == "self" {
                     quote_spanned!(span=> self)
                 } else {
-                    let id = syn::Ident::new(&path[0], span);
+                    let id = ident(&path[0], span);
                     quote_spanned!(span=> #id)
                 };
                 push_fields(&mut expr, &path[1..], span);

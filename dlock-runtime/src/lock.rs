@@ -75,7 +75,7 @@ impl Lock {
     /// are refused with [`LockError::Config`] before anything is sent, so that no deadline
     /// arithmetic can overflow and no backend gets an out-of-range expiry. (`wait` is not
     /// capped: a wait too long to represent waits for ever.)
-    pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
+    pub const MAX_DURATION: Duration = dlock_template::MAX_DURATION;
 
     /// A lock named `name` (1 to 1024 bytes; see [`crate::backend::redis_keys`] for how it maps to Redis
     /// keys), with a 30 s ttl, no waiting, the watchdog on and the backend `"default"`.

@@ -180,8 +180,15 @@ impl Labels {
         {
             // Keyed by the recorder in effect (global or thread-local), so handles registered
             // before an exporter was installed are not reused after.
-            let rec =
-                metrics::with_recorder(|r| r as *const dyn metrics::Recorder as *const () as usize);
+            let rec = metrics::with_recorder(recorder_address);
+            if !process_wide(rec) {
+                // A local recorder (`metrics::with_local_recorder`, tests and benches): its
+                // address can be reused by a later recorder once it is dropped, so its handles
+                // are never cached (a new recorder at that address got a dead registry's).
+                return Labels {
+                    h: std::sync::Arc::new(register(backend, lock)),
+                };
+            }
             // A one-entry cache per thread in front of the shared one: a hot lock costs two
             // short string compares, no lock and no hashing.
             thread_local! {
@@ -205,6 +212,55 @@ impl Labels {
         }
         #[cfg(not(feature = "metrics"))]
         Labels {}
+    }
+}
+
+#[cfg(feature = "metrics")]
+fn recorder_address(r: &dyn metrics::Recorder) -> usize {
+    r as *const dyn metrics::Recorder as *const () as usize
+}
+
+/// The address of the recorder a thread without a local recorder sees (the global one, or the
+/// no-op one while none is installed), as last probed; 0 before the first probe.
+#[cfg(feature = "metrics")]
+static PROCESS_WIDE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// When the process-wide recorder was last probed (the probe spawns a thread).
+#[cfg(feature = "metrics")]
+static LAST_PROBE: std::sync::Mutex<Option<std::time::Instant>> = std::sync::Mutex::new(None);
+
+/// Whether `rec` is the process-wide recorder (global, or the no-op one), whose address no other
+/// recorder can ever take, so handles registered with it may be cached for good. `metrics` does
+/// not say whether a local recorder is set, so this asks a fresh thread (which has none) which
+/// recorder it sees, at most once a second: a global recorder installed meanwhile is treated as
+/// local (not cached) until the next probe, which is only slower.
+#[cfg(feature = "metrics")]
+fn process_wide(rec: usize) -> bool {
+    use std::sync::atomic::Ordering;
+    if rec == PROCESS_WIDE.load(Ordering::Acquire) {
+        return true;
+    }
+    {
+        let mut last = LAST_PROBE.lock().unwrap_or_else(|e| e.into_inner());
+        let now = std::time::Instant::now();
+        if last.is_some_and(|t| now.duration_since(t) < std::time::Duration::from_secs(1)) {
+            return false;
+        }
+        *last = Some(now);
+    }
+    let seen = std::thread::scope(|s| {
+        std::thread::Builder::new()
+            .name("dlock-metrics-probe".into())
+            .spawn_scoped(s, || metrics::with_recorder(recorder_address))
+            .ok()
+            .and_then(|h| h.join().ok())
+    });
+    match seen {
+        Some(addr) => {
+            PROCESS_WIDE.store(addr, Ordering::Release);
+            rec == addr
+        }
+        None => false,
     }
 }
 

@@ -560,9 +560,10 @@ where
                     Ok(error_response_with(&e, cfg.busy_status, cfg.retry_after))
                 }
             };
-            if let Err(e) = guard.release().await {
-                tracing::warn!(error = %e, "dlock: release after the request failed");
-            }
+            // Given back in the background (retried until the server confirms), not awaited:
+            // the response is ready, and a stalled backend must not delay it by the release's
+            // bound. A next request on this key in this process waits for the give-back first.
+            drop(guard);
             out
         })
     }

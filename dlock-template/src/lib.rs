@@ -4,6 +4,11 @@
 //! accept the same templates and escape values alike. Not public API of `dlock`: no semver
 //! promise.
 
+/// The longest `ttl`, `max_hold` or `hold_at_least` dlock accepts: 365 days. `Lock` refuses a
+/// longer one at run time and the attribute at compile time, both with this one constant, so no
+/// deadline arithmetic can overflow and no backend gets an out-of-range expiry.
+pub const MAX_DURATION: std::time::Duration = std::time::Duration::from_secs(365 * 24 * 3600);
+
 /// One piece of a key template.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Segment {
@@ -150,6 +155,8 @@ fn placeholder(inner: &str) -> Result<Vec<String>, String> {
 }
 
 fn is_ident(s: &str) -> bool {
+    // A raw identifier (`r#type`) names a field whose name is a keyword.
+    let s = s.strip_prefix("r#").unwrap_or(s);
     let mut cs = s.chars();
     match cs.next() {
         Some(c) if c == '_' || c.is_alphabetic() => {}
