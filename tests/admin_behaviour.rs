@@ -881,7 +881,8 @@ mod sql_admin {
             .force_release("adv:x", Some(&info))
             .await
             .expect_err("the session holds adv:y too");
-        assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
+        // Refused (CLI exit 4, as the README's engine table says), not "unsupported" (exit 6).
+        assert_eq!(e.kind, AdminErrorKind::Refused, "{e}");
         assert!(e.message.contains("pg_terminate_backend"), "{e}");
         // Nothing was done: both still held, both guards still valid after a renewal.
         tokio::time::sleep(Duration::from_millis(1500)).await;

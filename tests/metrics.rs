@@ -557,3 +557,44 @@ fn each_local_recorder_sees_its_own_metrics_even_at_a_reused_address() {
     // Not the property, but what makes the test bite: the loop reused one address.
     eprintln!("distinct recorder addresses: {}", addresses.len());
 }
+
+mod jobs {
+    /// Two functions named `run` in two modules: without `metric_name` their series merge.
+    #[dlock::distributed_lock(key = "metrics-jobs-run", metric_name = "jobs_run")]
+    pub(crate) async fn run() -> Result<(), dlock::LockError> {
+        Ok(())
+    }
+}
+
+mod reports {
+    #[dlock::distributed_lock(key = "metrics-reports-run", metric_name = "reports_run")]
+    pub(crate) async fn run() -> Result<(), dlock::LockError> {
+        Ok(())
+    }
+}
+
+/// The attribute's `metric_name` names the `lock` label (review, surfaces nits: the label was
+/// always the bare function name, so `jobs::run` and `reports::run` shared their series).
+#[test]
+fn the_attributes_metric_name_is_the_lock_label() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let sink = Sink {
+        snap: recorder.snapshotter(),
+        values: Mutex::default(),
+        units: Mutex::default(),
+    };
+    metrics::with_local_recorder(&recorder, || {
+        rt.block_on(async {
+            jobs::run().await.unwrap();
+            jobs::run().await.unwrap();
+            reports::run().await.unwrap();
+        })
+    });
+    assert_eq!(sink.result("jobs_run", "acquired"), 2.0);
+    assert_eq!(sink.result("reports_run", "acquired"), 1.0);
+    assert_eq!(sink.sum("dlock_acquire_total", &[("lock", "run")]), 0.0);
+}

@@ -107,7 +107,7 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// One lock in detail (exit 3 if it is not held).
+    /// One lock in detail (exit 3 if it is not held; with --json, `null` on stdout).
     Show {
         /// The lock name, as given to `Lock::new` or rendered from the attribute's key.
         name: String,
@@ -186,6 +186,7 @@ impl CliError {
             CliError::Admin(e) => match e.kind {
                 AdminErrorKind::Connect => 5,
                 AdminErrorKind::Unsupported => 6,
+                AdminErrorKind::Refused => 4,
                 _ => 1,
             },
             CliError::NotFound(_) => 3,
@@ -452,10 +453,13 @@ fn print_detail(i: &LockInfo) {
 }
 
 async fn show(admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliError> {
-    let i = admin
-        .show(name)
-        .await?
-        .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held")))?;
+    let Some(i) = admin.show(name).await? else {
+        if as_json {
+            // Scripts get a JSON value on stdout either way (exit 3 still says "not held").
+            out!("null");
+        }
+        return Err(CliError::NotFound(format!("lock `{name}` is not held")));
+    };
     if as_json {
         out!("{}", to_json(&i));
     } else {

@@ -645,6 +645,15 @@ fn sql_engine_round_trip(
         dlock(&admin_url, &["show", "cli:sql"], "").status.code(),
         Some(3)
     );
+    // Scripts get JSON on stdout for a lock that is not held too (it printed nothing).
+    let o = dlock(&admin_url, &["show", "cli:sql", "--json"], "");
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).trim(),
+        "null",
+        "{}",
+        text(&o)
+    );
 }
 
 #[cfg(feature = "postgres")]

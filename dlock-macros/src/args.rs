@@ -22,6 +22,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "hold_at_least",
     "on_lost",
     "policy",
+    "metric_name",
     "crate",
 ];
 
@@ -61,6 +62,7 @@ pub(crate) struct LockArgs {
     pub(crate) hold_at_least: Option<Duration>,
     pub(crate) on_lost: Option<OnLost>,
     pub(crate) policy: Option<String>,
+    pub(crate) metric_name: Option<String>,
     pub(crate) crate_path: Option<syn::Path>,
 }
 
@@ -134,6 +136,7 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
         }
         "backend" => out.backend = Some(non_empty(name, &lit_str(name, value)?)?),
         "policy" => out.policy = Some(non_empty(name, &lit_str(name, value)?)?),
+        "metric_name" => out.metric_name = Some(non_empty(name, &lit_str(name, value)?)?),
         "watchdog" => match value {
             Expr::Lit(ExprLit {
                 lit: Lit::Bool(b), ..
@@ -223,6 +226,7 @@ fn example(name: &str) -> &'static str {
         "on_busy" => "e.g. `on_busy = \"skip\"`",
         "on_lost" => "e.g. `on_lost = \"continue\"`",
         "policy" => "e.g. `policy = \"payments\"`",
+        "metric_name" => "e.g. `metric_name = \"reports_run\"`",
         _ => "e.g. `crate = \"::dlock\"`",
     }
 }

@@ -187,6 +187,9 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     if let Some(name) = &args.policy {
         setters.push(quote!(.policy(#name)));
     }
+    if let Some(name) = &args.metric_name {
+        setters.push(quote!(.metric_name(#name)));
+    }
 
     // The fake return edge: makes `?`, `.into()` and early `return` in the body infer as they
     // did in the original fn (tracing's technique), with `impl Trait` erased to `_`.

@@ -230,6 +230,9 @@ pub enum AdminErrorKind {
     Server,
     /// The URL or its engine is not supported by this build (a feature is off), or is invalid.
     Unsupported,
+    /// The operation was refused because doing it would harm more than the named lock (e.g.
+    /// freeing a PostgreSQL advisory lock whose session holds others). Nothing was done.
+    Refused,
 }
 
 /// An admin call's error. The message never contains a password.
@@ -254,6 +257,14 @@ impl AdminError {
     pub fn server(message: impl Into<String>) -> AdminError {
         AdminError {
             kind: AdminErrorKind::Server,
+            message: message.into(),
+        }
+    }
+
+    /// A refused operation (nothing was done).
+    pub fn refused(message: impl Into<String>) -> AdminError {
+        AdminError {
+            kind: AdminErrorKind::Refused,
             message: message.into(),
         }
     }

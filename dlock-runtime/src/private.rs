@@ -14,6 +14,8 @@ use crate::{Lock, LockError, Policy};
 #[derive(Debug)]
 pub struct LockSpec {
     pub fn_name: &'static str,
+    /// The `lock` label of the metrics; empty: the function's name.
+    pub metric_name: &'static str,
     pub ttl: Option<Duration>,
     pub wait: Option<Duration>,
     pub backend: Option<&'static str>,
@@ -43,6 +45,7 @@ impl LockSpec {
     #[allow(clippy::declare_interior_mutable_const)]
     pub const EMPTY: LockSpec = LockSpec {
         fn_name: "",
+        metric_name: "",
         ttl: None,
         wait: None,
         backend: None,
@@ -61,6 +64,20 @@ impl LockSpec {
         let mut s = Self::EMPTY;
         s.fn_name = fn_name;
         s
+    }
+
+    pub const fn metric_name(mut self, name: &'static str) -> Self {
+        self.metric_name = name;
+        self
+    }
+
+    /// The `lock` label of the metrics: `metric_name`, else the function's name.
+    pub fn metric_label(&self) -> &'static str {
+        if self.metric_name.is_empty() {
+            self.fn_name
+        } else {
+            self.metric_name
+        }
     }
 
     pub const fn ttl(mut self, d: Duration) -> Self {
@@ -159,14 +176,17 @@ pub async fn run_locked<F: Future>(
     // unknown-backend and invalid-name failures are: a `skip` job that never runs shows up.
     let r = spec.resolve().map_err(|e| {
         let backend = spec.backend.unwrap_or(crate::DEFAULT_BACKEND);
-        crate::metrics::setup_error(&crate::metrics::Labels::new(backend, spec.fn_name), e)
+        crate::metrics::setup_error(
+            &crate::metrics::Labels::new(backend, spec.metric_label()),
+            e,
+        )
     })?;
     let mut lock = Lock::new(key)
         .ttl(r.ttl)
         .wait(r.wait)
         .watchdog(r.watchdog)
         .backend(r.backend.clone())
-        .metric_name(spec.fn_name);
+        .metric_name(spec.metric_label());
     if let Some(h) = r.hold_at_least {
         lock = lock.hold_at_least(h);
     }

@@ -789,7 +789,7 @@ mod pg {
                 return Ok(ForceReleased::Changed);
             }
             if n > 1 {
-                return Err(AdminError::unsupported(format!(
+                return Err(AdminError::refused(format!(
                     "`{name}` is an advisory lock of PostgreSQL session {pid}, which holds {n} \
                      advisory locks; only that session can give one back, so freeing this one \
                      means ending the session, which would free the other {} as well (every \
