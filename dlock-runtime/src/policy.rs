@@ -58,7 +58,8 @@ pub enum OnLost {
 ///   into `_`, `<FIELD>` one of `TTL`, `WAIT`, `BACKEND`, `WATCHDOG`, `ON_BUSY`,
 ///   `HOLD_AT_LEAST`, `ON_LOST`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
 ///   `DLOCK_POLICY_NIGHTLY_REPORT_ON_BUSY=skip` for the policy `nightly-report`. Values are
-///   written as in the file (`true`/`false` for `WATCHDOG`). A policy that only the environment
+///   written as in the file (`true`/`false` for `WATCHDOG`); an empty value counts as unset.
+///   A policy that only the environment
 ///   names exists too.
 ///
 /// # Precedence
@@ -328,6 +329,11 @@ fn env_layer(name: &str) -> Result<Option<Policy>, LockError> {
         let value = value
             .into_string()
             .map_err(|_| LockError::Config(format!("{var} is not valid UTF-8")))?;
+        if value.trim().is_empty() {
+            // `VAR=` (common in container manifests that template values in) means "not set":
+            // it failed every call of the policy's functions with a config error before.
+            continue;
+        }
         set_field(&mut p, field, value.trim())
             .map_err(|m| LockError::Config(format!("{var}={value:?}: {m}")))?;
         any = true;
@@ -492,6 +498,23 @@ mod tests {
         let _ = policy("unit-typo").unwrap();
         let again = crate::test_capture::containing("DLOCK_POLICY_UNIT_TYPO_TLL is ignored");
         assert_eq!(again.len(), 1, "{again:#?}");
+    }
+
+    /// An empty variable (`DLOCK_POLICY_X_TTL=`) is not set: the layers below decide. It made
+    /// every call fail with a config error before (review m9).
+    #[test]
+    fn an_empty_policy_variable_counts_as_unset() {
+        let mut code = Policy::new();
+        code.ttl = Some(Duration::from_secs(7));
+        define_policy("unit-empty", code);
+        // SAFETY: test-only variables no other test reads.
+        unsafe {
+            std::env::set_var("DLOCK_POLICY_UNIT_EMPTY_TTL", "");
+            std::env::set_var("DLOCK_POLICY_UNIT_EMPTY_WAIT", "  ");
+        }
+        let p = policy("unit-empty").expect("an empty variable is no error");
+        assert_eq!(p.ttl, Some(Duration::from_secs(7)));
+        assert_eq!(p.wait, None);
     }
 
     /// `pay-ments` and `pay.ments` both read `DLOCK_POLICY_PAY_MENTS_*`: one variable silently
