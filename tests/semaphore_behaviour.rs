@@ -518,3 +518,78 @@ mod unsupported {
             .unwrap();
     }
 }
+
+/// `#[distributed_lock(semaphore = 3)]`: 9 concurrent calls, at most 3 bodies at once (and
+/// more than one: not a mutex), each body sees its grant's token; with `permits = 2` of 3, one
+/// body at a time; `wait = 0` skips a call when no permit is free.
+mod attribute {
+    use super::*;
+    use dlock::MemoryBackend;
+
+    static RUNNING: AtomicU32 = AtomicU32::new(0);
+    static PEAK: AtomicU32 = AtomicU32::new(0);
+
+    fn backend() {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| dlock::register("sem-attr", MemoryBackend::new()));
+    }
+
+    async fn body(max: u32) -> Option<u64> {
+        let now = RUNNING.fetch_add(1, Ordering::SeqCst) + 1;
+        assert!(now <= max, "{now} bodies at once, max {max}");
+        PEAK.fetch_max(now, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        RUNNING.fetch_sub(1, Ordering::SeqCst);
+        dlock::fencing_token()
+    }
+
+    #[dlock::distributed_lock(key = "attr:{k}", semaphore = 3, wait = "10s", backend = "sem-attr")]
+    async fn three_at_once(k: u8) -> Result<Option<u64>, LockError> {
+        Ok(body(3).await)
+    }
+
+    #[dlock::distributed_lock(
+        key = "attr2:{k}",
+        semaphore = 3,
+        permits = 2,
+        wait = "10s",
+        backend = "sem-attr"
+    )]
+    async fn two_of_three(k: u8) -> Result<Option<u64>, LockError> {
+        Ok(body(1).await)
+    }
+
+    #[dlock::distributed_lock(key = "attr3", semaphore = 1, on_busy = "skip", backend = "sem-attr")]
+    async fn skip_when_full() -> Option<u64> {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        dlock::fencing_token()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_attribute_runs_bodies_under_permits() {
+        backend();
+        let calls: Vec<_> = (0..9).map(|_| tokio::spawn(three_at_once(1))).collect();
+        let mut tokens = Vec::new();
+        for c in calls {
+            tokens.push(c.await.unwrap().unwrap().expect("a token in the body"));
+        }
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), 9, "one token per grant");
+        let peak = PEAK.swap(0, Ordering::SeqCst);
+        assert!((2..=3).contains(&peak), "peak {peak}");
+
+        let calls: Vec<_> = (0..4).map(|_| tokio::spawn(two_of_three(1))).collect();
+        for c in calls {
+            assert!(c.await.unwrap().unwrap().is_some());
+        }
+        assert_eq!(PEAK.swap(0, Ordering::SeqCst), 1);
+
+        let (a, b) = tokio::join!(skip_when_full(), async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            skip_when_full().await
+        });
+        assert!(a.is_some());
+        assert_eq!(b, None, "the second call ran with no free permit");
+    }
+}

@@ -22,6 +22,9 @@ pub struct LockSpec {
     pub hold_at_least: Option<Duration>,
     pub on_lost: Option<OnLost>,
     pub policy: Option<&'static str>,
+    /// `semaphore = max, permits = n`: `(max, n)`; the call runs under `n` permits of the
+    /// semaphore `key` instead of the lock.
+    pub semaphore: Option<(u32, u32)>,
     pub resolved: OnceLock<Resolved>,
 }
 
@@ -51,6 +54,7 @@ impl LockSpec {
         hold_at_least: None,
         on_lost: None,
         policy: None,
+        semaphore: None,
         resolved: OnceLock::new(),
     };
 
@@ -100,6 +104,11 @@ impl LockSpec {
 
     pub const fn policy(mut self, name: &'static str) -> Self {
         self.policy = Some(name);
+        self
+    }
+
+    pub const fn semaphore(mut self, max: u32, permits: u32) -> Self {
+        self.semaphore = Some((max, permits));
         self
     }
 
@@ -161,16 +170,39 @@ pub async fn run_locked<F: Future>(
         let backend = spec.backend.unwrap_or(crate::DEFAULT_BACKEND);
         crate::metrics::setup_error(&crate::metrics::Labels::new(backend, spec.fn_name), e)
     })?;
-    let mut lock = Lock::new(key)
-        .ttl(r.ttl)
-        .wait(r.wait)
-        .watchdog(r.watchdog)
-        .backend(r.backend.clone())
-        .metric_name(spec.fn_name);
-    if let Some(h) = r.hold_at_least {
-        lock = lock.hold_at_least(h);
-    }
-    let guard = lock.acquire().await?;
+    let guard = match spec.semaphore {
+        None => {
+            let mut lock = Lock::new(key)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.fn_name);
+            if let Some(h) = r.hold_at_least {
+                lock = lock.hold_at_least(h);
+            }
+            lock.acquire().await?
+        }
+        Some((max, permits)) => {
+            if r.hold_at_least.is_some() {
+                // Only a policy can bring it here: the attribute refuses it at compile time.
+                return Err(LockError::Config(format!(
+                    "`{}`: hold_at_least is not supported with a semaphore",
+                    spec.fn_name
+                )));
+            }
+            crate::Semaphore::new(key, max)
+                .permits(permits)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.fn_name)
+                .acquire()
+                .await?
+                .into_lock_guard()
+        }
+    };
     let out = match r.on_lost {
         OnLost::Continue => Ok(guard.scope(body).await),
         _ => {

@@ -312,6 +312,11 @@ impl SemaphoreGuard {
     pub async fn release(self) -> Result<(), LockError> {
         self.guard.release().await
     }
+
+    /// The lock guard that carries the permits (the attribute's expansion runs both alike).
+    pub(crate) fn into_lock_guard(self) -> LockGuard {
+        self.guard
+    }
 }
 
 /// The lock calls of one `(backend, max, permits)` as permit calls. Shared by every
