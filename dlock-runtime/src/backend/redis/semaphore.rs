@@ -315,3 +315,34 @@ mod tests {
         assert!(acquire_reply("s", 4, &Value::Array(vec![bulk("max"), bulk("x")])).is_err());
     }
 }
+
+#[cfg(test)]
+mod heard_tests {
+    use super::super::{Heard, Queueing, heard, on_release_message};
+    use crate::wait::WaitQueues;
+
+    /// `p<k>` wakes `k` local waiters of the channel (no more, none of another channel); a
+    /// malformed count is an ordinary release (one waiter).
+    #[tokio::test]
+    async fn a_permit_release_wakes_k_waiters() {
+        assert_eq!(heard(b"p3", "x"), Heard::Permits(3));
+        assert_eq!(heard(b"p", "x"), Heard::All);
+        assert_eq!(heard(b"px", "x"), Heard::All);
+        let queues = WaitQueues::new();
+        let q = Queueing::new();
+        let ws: Vec<_> = (0..5).map(|_| queues.register("ch")).collect();
+        let other = queues.register("other");
+        on_release_message(&queues, &q, "ch", b"p3", |_| {});
+        let n = ws.iter().filter(|w| has_wake_up(w)).count();
+        assert_eq!(n, 3);
+        assert!(!has_wake_up(&other));
+    }
+
+    /// True when `w` holds a wake-up (consumes it).
+    fn has_wake_up(w: &crate::backend::Watch) -> bool {
+        let mut f = std::pin::pin!(w.woken());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        std::future::Future::poll(f.as_mut(), &mut cx).is_ready()
+    }
+}
