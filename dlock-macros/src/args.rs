@@ -23,6 +23,8 @@ pub(crate) const OPTIONS: &[&str] = &[
     "on_lost",
     "policy",
     "metric_name",
+    "semaphore",
+    "permits",
     "crate",
 ];
 
@@ -63,6 +65,12 @@ pub(crate) struct LockArgs {
     pub(crate) on_lost: Option<OnLost>,
     pub(crate) policy: Option<String>,
     pub(crate) metric_name: Option<String>,
+    /// `semaphore = max`: the function runs under permits of a semaphore of `max` permits
+    /// instead of a lock.
+    pub(crate) semaphore: Option<(u32, Span)>,
+    /// `permits = n`: the permits one call takes (with `semaphore`; default 1).
+    pub(crate) permits: Option<(u32, Span)>,
+    pub(crate) hold_at_least_span: Option<Span>,
     pub(crate) crate_path: Option<syn::Path>,
 }
 
@@ -116,8 +124,51 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> LockArgs {
         if let Err(e) = set(&mut out, &name, &nv.value) {
             errors.push(e);
         }
+        if name == "hold_at_least" {
+            out.hold_at_least_span = Some(nv.value.span());
+        }
+    }
+    match (out.semaphore, out.permits) {
+        (None, Some((_, span))) => errors.push_spanned(
+            span,
+            "`permits` is the number of permits one call takes of a semaphore: it needs `semaphore = <max permits>`, e.g. `semaphore = 4, permits = 2`",
+        ),
+        (Some((max, _)), Some((n, span))) if n > max => errors.push_spanned(
+            span,
+            format!("`permits = {n}` is more than the semaphore's {max} permits (`semaphore = {max}`)"),
+        ),
+        _ => {}
+    }
+    if let (Some(_), Some(span)) = (out.semaphore, out.hold_at_least_span) {
+        errors.push_spanned(
+            span,
+            "`hold_at_least` is not supported with `semaphore`: permits are given back when the call returns",
+        );
     }
     out
+}
+
+/// A positive `u32` integer literal.
+fn positive_int(name: &str, value: &Expr) -> syn::Result<(u32, Span)> {
+    match value {
+        Expr::Lit(ExprLit {
+            lit: Lit::Int(i), ..
+        }) => match i.base10_parse::<u32>() {
+            Ok(0) => Err(syn::Error::new(
+                i.span(),
+                format!("`{name}` must be at least 1"),
+            )),
+            Ok(n) => Ok((n, i.span())),
+            Err(_) => Err(syn::Error::new(
+                i.span(),
+                format!("`{name}` takes an integer from 1 to {}", u32::MAX),
+            )),
+        },
+        _ => Err(syn::Error::new(
+            value.span(),
+            format!("`{name}` takes an integer literal, {}", example(name)),
+        )),
+    }
 }
 
 fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
@@ -137,6 +188,8 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
         "backend" => out.backend = Some(non_empty(name, &lit_str(name, value)?)?),
         "policy" => out.policy = Some(non_empty(name, &lit_str(name, value)?)?),
         "metric_name" => out.metric_name = Some(non_empty(name, &lit_str(name, value)?)?),
+        "semaphore" => out.semaphore = Some(positive_int(name, value)?),
+        "permits" => out.permits = Some(positive_int(name, value)?),
         "watchdog" => match value {
             Expr::Lit(ExprLit {
                 lit: Lit::Bool(b), ..
@@ -227,6 +280,8 @@ fn example(name: &str) -> &'static str {
         "on_lost" => "e.g. `on_lost = \"continue\"`",
         "policy" => "e.g. `policy = \"payments\"`",
         "metric_name" => "e.g. `metric_name = \"reports_run\"`",
+        "semaphore" => "e.g. `semaphore = 4` (at most 4 permits held at once)",
+        "permits" => "e.g. `permits = 2` (with `semaphore`)",
         _ => "e.g. `crate = \"::dlock\"`",
     }
 }
@@ -332,6 +387,10 @@ mod tests {
             &mut errors,
         );
         assert!(errors.is_empty());
+        let s = parse(quote!(key = "k", semaphore = 4, permits = 2), &mut errors);
+        assert!(errors.is_empty());
+        assert_eq!(s.semaphore.map(|s| s.0), Some(4));
+        assert_eq!(s.permits.map(|s| s.0), Some(2));
         assert_eq!(a.key.unwrap().value(), "k:{x}");
         assert_eq!(a.ttl.unwrap().as_secs(), 10);
         assert_eq!(a.on_busy.unwrap().0, OnBusy::Skip);
@@ -350,5 +409,27 @@ mod tests {
         assert!(text.contains("did you mean `ttl`"), "{text}");
         assert!(text.contains("longer than zero"), "{text}");
         assert!(text.contains("duplicate option `key`"), "{text}");
+    }
+
+    #[test]
+    fn semaphore_options_are_checked() {
+        for (args, needle) in [
+            (quote!(key = "k", permits = 2), "needs `semaphore"),
+            (
+                quote!(key = "k", semaphore = 2, permits = 3),
+                "more than the semaphore's 2",
+            ),
+            (quote!(key = "k", semaphore = 0), "at least 1"),
+            (quote!(key = "k", semaphore = "4"), "integer literal"),
+            (
+                quote!(key = "k", semaphore = 4, hold_at_least = "1s"),
+                "not supported with `semaphore`",
+            ),
+        ] {
+            let mut errors = Errors::default();
+            parse(args, &mut errors);
+            let text = errors.to_compile_errors().to_string();
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
     }
 }

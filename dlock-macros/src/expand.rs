@@ -190,6 +190,10 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     if let Some(name) = &args.metric_name {
         setters.push(quote!(.metric_name(#name)));
     }
+    if let Some((max, _)) = args.semaphore {
+        let n = args.permits.map_or(1, |(n, _)| n);
+        setters.push(quote!(.semaphore(#max, #n)));
+    }
 
     // The fake return edge: makes `?`, `.into()` and early `return` in the body infer as they
     // did in the original fn (tracing's technique), with `impl Trait` erased to `_`.

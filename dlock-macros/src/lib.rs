@@ -49,6 +49,8 @@ use proc_macro::TokenStream;
 /// | `hold_at_least` | keep the lock this long after acquiring it, even when the body ends sooner | none |
 /// | `on_lost` | `"cancel"` / `"continue"` | `"cancel"` |
 /// | `policy` | a named policy (`dlock::define_policy`, `dlock::load_policies`, env) | none |
+/// | `semaphore` | integer ≥ 1: run under permits of the semaphore `key` of this many permits (`dlock::Semaphore`) instead of the lock; no `hold_at_least` | none: a lock |
+/// | `permits` | integer from 1 to `semaphore`: the permits one call takes | `1` |
 /// | `crate` | path of the `dlock` crate, for renamed dependencies (`crate = "my_dlock"`) | `"::dlock"` |
 ///
 /// Durations are parsed at compile time; an unparsable value or a zero `ttl` is a compile error

@@ -95,6 +95,27 @@ pub enum LockError {
     /// file. Passwords are never part of the message.
     #[error("configuration error: {0}")]
     Config(String),
+    /// The backend does not implement this primitive (a semaphore on an engine without
+    /// semaphores). Nothing was sent to the server.
+    #[error("lock `{key}`: {what} are not supported by this backend")]
+    Unsupported {
+        /// The lock (or semaphore) name.
+        key: String,
+        /// What is not supported (`"semaphores"`).
+        what: &'static str,
+    },
+    /// A semaphore was asked for with a `max` other than the one its live holders were granted
+    /// under: two limits on one name are refused, never silently both in force. Nothing was
+    /// taken.
+    #[error("semaphore `{key}` has max {stored} permits; this caller asked for max {asked}")]
+    SemaphoreMax {
+        /// The semaphore name.
+        key: String,
+        /// The caller's `max`.
+        asked: u32,
+        /// The `max` of the name's live holders.
+        stored: u32,
+    },
     /// The backend failed: connection refused or dropped, a timeout, no reply, a server error.
     /// Whether the lock was taken is unknown only for an acquire whose reply was lost; that try is
     /// then given back in the background (ARCHITECTURE.md, "Calls whose outcome is unknown").
@@ -137,7 +158,9 @@ impl LockError {
             | LockError::TimedOut { key, .. }
             | LockError::Lost { key, .. }
             | LockError::NotOwner { key }
-            | LockError::InvalidKey { key, .. } => Some(key),
+            | LockError::InvalidKey { key, .. }
+            | LockError::Unsupported { key, .. }
+            | LockError::SemaphoreMax { key, .. } => Some(key),
             LockError::Backend { key, .. } if !key.is_empty() => Some(key),
             _ => None,
         }
@@ -167,6 +190,22 @@ impl LockError {
     /// True for [`LockError::Backend`].
     pub fn is_backend(&self) -> bool {
         matches!(self, LockError::Backend { .. })
+    }
+
+    pub(crate) fn unsupported(key: &str, what: &'static str) -> Self {
+        LockError::Unsupported {
+            key: key.to_string(),
+            what,
+        }
+    }
+
+    /// A refusal that no retry can change (an unsupported primitive, a semaphore's `max`
+    /// mismatch): a waiting acquisition ends with it at once.
+    pub(crate) fn is_definite_refusal(&self) -> bool {
+        matches!(
+            self,
+            LockError::Unsupported { .. } | LockError::SemaphoreMax { .. }
+        )
     }
 
     pub(crate) fn backend(

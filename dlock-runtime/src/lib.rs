@@ -38,6 +38,7 @@ mod policy;
 mod redact;
 mod registry;
 mod scripts;
+mod semaphore;
 #[cfg(test)]
 mod test_capture;
 mod wait;
@@ -102,6 +103,7 @@ pub use registry::init_cluster;
 pub use registry::{
     DEFAULT_BACKEND, URL_ENV, backend, init, init_from_env, init_named, register, register_arc,
 };
+pub use semaphore::{Semaphore, SemaphoreGuard};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use tokio_postgres;

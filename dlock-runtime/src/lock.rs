@@ -44,6 +44,9 @@ pub struct Lock {
     hold_at_least: Option<Duration>,
     backend: BackendRef,
     metric_name: Cow<'static, str>,
+    /// Whether a nested acquisition in a guarded scope re-enters (false for a semaphore's
+    /// permits: each acquisition is a holder of its own).
+    reentrant: bool,
 }
 
 #[derive(Clone)]
@@ -89,7 +92,15 @@ impl Lock {
             hold_at_least: None,
             backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
             metric_name: Cow::Borrowed(crate::metrics::DEFAULT_METRIC_NAME),
+            reentrant: true,
         }
+    }
+
+    /// Turns re-entry off: every acquisition gets a fresh owner id, also inside a guarded scope
+    /// that holds the name (a semaphore's permits).
+    pub(crate) fn not_reentrant(mut self) -> Self {
+        self.reentrant = false;
+        self
     }
 
     /// The `lock` label of this lock's metrics (feature `metrics`; default `"manual"`). Use a
@@ -202,7 +213,9 @@ impl Lock {
         // Re-enter only a hold of this name that the call chain already has; any other
         // acquisition gets a fresh owner, so two futures joined in one task still exclude
         // each other.
-        let parent = context::current().and_then(|f| f.find(backend_id(&backend), &self.name));
+        let parent = context::current()
+            .filter(|_| self.reentrant)
+            .and_then(|f| f.find(backend_id(&backend), &self.name));
         if let Some(p) = &parent
             && !p.is_valid()
         {
@@ -562,7 +575,7 @@ impl Acquisition<'_> {
     /// A try failed (its outcome is unknown, and its drop guard gave it back): `Err` for a
     /// single try, else wait on with a new owner id.
     fn failed(&mut self, e: LockError) -> Result<(), LockError> {
-        if self.lock.wait.is_zero() {
+        if self.lock.wait.is_zero() || e.is_definite_refusal() {
             return Err(e);
         }
         tracing::debug!(key = %self.name(), error = %e, "dlock: acquire failed while waiting; retrying");

@@ -83,6 +83,8 @@ pub(crate) fn error_kind(e: &LockError) -> &'static str {
         LockError::UnknownPolicy { .. } => "unknown_policy",
         LockError::InvalidKey { .. } => "invalid_key",
         LockError::Config(_) => "config",
+        LockError::Unsupported { .. } => "unsupported",
+        LockError::SemaphoreMax { .. } => "semaphore_max",
         LockError::Backend { .. } => "backend",
     }
 }

@@ -24,6 +24,9 @@ pub struct LockSpec {
     pub hold_at_least: Option<Duration>,
     pub on_lost: Option<OnLost>,
     pub policy: Option<&'static str>,
+    /// `semaphore = max, permits = n`: `(max, n)`; the call runs under `n` permits of the
+    /// semaphore `key` instead of the lock.
+    pub semaphore: Option<(u32, u32)>,
     pub resolved: OnceLock<Resolved>,
 }
 
@@ -54,6 +57,7 @@ impl LockSpec {
         hold_at_least: None,
         on_lost: None,
         policy: None,
+        semaphore: None,
         resolved: OnceLock::new(),
     };
 
@@ -120,6 +124,11 @@ impl LockSpec {
         self
     }
 
+    pub const fn semaphore(mut self, max: u32, permits: u32) -> Self {
+        self.semaphore = Some((max, permits));
+        self
+    }
+
     fn attribute_layer(&self) -> Policy {
         let mut p = Policy::new();
         p.ttl = self.ttl;
@@ -181,16 +190,39 @@ pub async fn run_locked<F: Future>(
             e,
         )
     })?;
-    let mut lock = Lock::new(key)
-        .ttl(r.ttl)
-        .wait(r.wait)
-        .watchdog(r.watchdog)
-        .backend(r.backend.clone())
-        .metric_name(spec.metric_label());
-    if let Some(h) = r.hold_at_least {
-        lock = lock.hold_at_least(h);
-    }
-    let guard = lock.acquire().await?;
+    let guard = match spec.semaphore {
+        None => {
+            let mut lock = Lock::new(key)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.metric_label());
+            if let Some(h) = r.hold_at_least {
+                lock = lock.hold_at_least(h);
+            }
+            lock.acquire().await?
+        }
+        Some((max, permits)) => {
+            if r.hold_at_least.is_some() {
+                // Only a policy can bring it here: the attribute refuses it at compile time.
+                return Err(LockError::Config(format!(
+                    "`{}`: hold_at_least is not supported with a semaphore",
+                    spec.fn_name
+                )));
+            }
+            crate::Semaphore::new(key, max)
+                .permits(permits)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.metric_label())
+                .acquire()
+                .await?
+                .into_lock_guard()
+        }
+    };
     let out = match r.on_lost {
         OnLost::Continue => Ok(guard.scope(body).await),
         _ => {

@@ -14,6 +14,7 @@ use dlock::{Backend, LockError};
 pub struct CountTries {
     pub inner: Arc<dyn Backend>,
     tries: AtomicU64,
+    permit_tries: AtomicU64,
 }
 
 impl CountTries {
@@ -21,12 +22,19 @@ impl CountTries {
         Arc::new(CountTries {
             inner,
             tries: AtomicU64::new(0),
+            permit_tries: AtomicU64::new(0),
         })
     }
 
     /// `try_acquire` calls so far.
     pub fn tries(&self) -> u64 {
         self.tries.load(Ordering::SeqCst)
+    }
+
+    /// `try_acquire_permits` calls so far.
+    #[allow(dead_code)]
+    pub fn permit_tries(&self) -> u64 {
+        self.permit_tries.load(Ordering::SeqCst)
     }
 }
 
@@ -77,5 +85,38 @@ impl Backend for CountTries {
     }
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
         self.inner.lost_signal(name, owner)
+    }
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.permit_tries.fetch_add(1, Ordering::SeqCst);
+        self.inner
+            .try_acquire_permits(name, owner, max, permits, ttl)
+    }
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.release_permits(name, owner)
+    }
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        self.inner.extend_permits(name, owner, ttl)
+    }
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.watch_permits(name)
+    }
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.inner.has_permit_waiters(name)
     }
 }

@@ -4,6 +4,7 @@
 //! See [`ClusterBackend`].
 
 pub(crate) mod admin;
+mod semaphore;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -1101,31 +1102,7 @@ impl Backend for ClusterBackend {
     }
 
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        Box::pin(async move {
-            let (_, sub) = self.conn(name)?;
-            let channel = redis_keys(name).channel;
-            let mut watch = sub.queues.register(&channel);
-            if self.refused_now() {
-                watch.set_fallback_only();
-                return Ok(watch);
-            }
-            let (tx, rx) = oneshot::channel();
-            if sub.ctl.send(Ctl::Subscribe(channel, tx)).is_err() {
-                watch.set_fallback_only();
-                return Ok(watch);
-            }
-            match rx.await {
-                Ok(Ok(())) => self.note_accepted(),
-                Ok(Err(e)) => {
-                    if is_refusal(&e) {
-                        self.note_refusal(&e);
-                    }
-                    watch.set_fallback_only();
-                }
-                Err(_) => watch.set_fallback_only(),
-            }
-            Ok(watch)
-        })
+        Box::pin(self.watch_channel(name, redis_keys(name).channel))
     }
 
     fn has_waiters(&self, name: &str) -> bool {
@@ -1133,6 +1110,43 @@ impl Backend for ClusterBackend {
             Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
             Err(_) => false,
         }
+    }
+
+    // Semaphores: `cluster/semaphore.rs`.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.sem_try_acquire(name, owner, max, permits, ttl))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.sem_release(name, owner))
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.sem_extend(name, owner, ttl))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.sem_watch(name))
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.sem_has_waiters(name)
     }
 }
 

@@ -11,6 +11,8 @@ use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
+mod semaphore;
+
 #[derive(Debug)]
 struct Entry {
     owner: String,
@@ -30,6 +32,8 @@ pub struct MemoryBackend {
     locks: Mutex<HashMap<String, Entry>>,
     next_token: AtomicU64,
     waiters: Arc<WaitQueues>,
+    /// Semaphores, apart from the locks (`memory/semaphore.rs`).
+    sems: semaphore::Semaphores,
 }
 
 impl Default for MemoryBackend {
@@ -49,6 +53,7 @@ impl MemoryBackend {
             locks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(seed),
             waiters: WaitQueues::new(),
+            sems: semaphore::Semaphores::default(),
         }
     }
 
@@ -208,6 +213,46 @@ impl Backend for MemoryBackend {
 
     fn has_waiters(&self, name: &str) -> bool {
         self.waiters.has_waiters(name)
+    }
+
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let r = self.try_acquire_permits_now(name, owner, max, permits, ttl);
+        Box::pin(async move { r })
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let r = self.release_permits_now(name, owner);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let r = self.extend_permits_now(name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.sems.waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.sems.waiters.has_waiters(name)
     }
 }
 

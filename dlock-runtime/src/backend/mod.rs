@@ -238,6 +238,69 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = (name, owner);
         None
     }
+
+    // ---------------------------------------------------------------------------------------
+    // Semaphores (`crate::Semaphore`): owned, expiring permits. A backend that does not
+    // implement these answers `LockError::Unsupported` at first use. The runtime drives them
+    // through the same guard, watchdog, give-back and wait loop as a lock's hold, with one fresh
+    // owner id per acquisition (a permit never re-enters). A semaphore's state must never share
+    // a key, a row or a wait queue with a lock of the same name.
+    // ---------------------------------------------------------------------------------------
+
+    /// Takes `permits` of the semaphore `name` (at most `max` permits held at once by all its
+    /// owners) for `owner` for `ttl`, judged by the store's clock; a crashed owner's permits
+    /// come back when its lease ends. A grant mints a fencing token larger than every token
+    /// handed out before for this semaphore (`count` is 1). `Busy` carries the time until the
+    /// first holder's lease ends. A `max` other than the one the name's live holders were
+    /// granted under is refused with [`LockError::SemaphoreMax`]. Default: `Unsupported`.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let _ = (owner, max, permits, ttl);
+        Box::pin(async move { Err(LockError::unsupported(name, "semaphores")) })
+    }
+
+    /// Gives back every permit `owner` holds of `name` (owner-checked, idempotent) and wakes as
+    /// many waiters as permits were freed. `NotOwner` when `owner` holds none (never granted,
+    /// already released, or expired). Default: `Unsupported`.
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let _ = owner;
+        Box::pin(async move { Err(LockError::unsupported(name, "semaphores")) })
+    }
+
+    /// Sets the lease of `owner`'s permits of `name` to `ttl` from now, if it still holds them.
+    /// Default: `Unsupported`.
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let _ = (owner, ttl);
+        Box::pin(async move { Err(LockError::unsupported(name, "semaphores")) })
+    }
+
+    /// Registers the caller as a waiter for permits of `name` (a queue of its own, never the
+    /// lock's of the same name); see [`Backend::watch`]. Default: `Unsupported`.
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async move { Err(LockError::unsupported(name, "semaphores")) })
+    }
+
+    /// True when other callers in this process already wait for permits of `name`; see
+    /// [`Backend::has_waiters`]. Default: false.
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        let _ = name;
+        false
+    }
 }
 
 pub use crate::key::{RedisKeys, redis_keys};

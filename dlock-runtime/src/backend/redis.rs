@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 
 pub(crate) mod admin;
+pub(crate) mod semaphore;
 use crate::holder::Registration;
 use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
@@ -558,12 +559,18 @@ pub(crate) enum Heard {
     Other,
     /// `t`: a queued process tried after the last release; stop the stall timer.
     Tried,
+    /// `p<k>`: a semaphore release gave back `k` permits; every process wakes `k` waiters.
+    Permits(u32),
 }
 
 /// Sorts a release message's payload (see [`Heard`]).
 pub(crate) fn heard(payload: &[u8], id: &str) -> Heard {
     match payload {
         b"t" => Heard::Tried,
+        [b'p', k @ ..] if !k.is_empty() => std::str::from_utf8(k)
+            .ok()
+            .and_then(|k| k.parse().ok())
+            .map_or(Heard::All, Heard::Permits),
         [b'w', rest @ ..] if rest == id.as_bytes() => Heard::Us,
         [b'w', _, ..] => Heard::Other,
         _ => Heard::All,
@@ -599,6 +606,13 @@ pub(crate) fn on_release_message(
             }
         }
         Heard::Tried => ctl(StallCtl::Disarm(channel.to_string())),
+        Heard::Permits(k) => {
+            for _ in 0..k {
+                if !queues.wake_one(channel) {
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -1437,37 +1451,7 @@ impl Backend for RedisBackend {
     }
 
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        Box::pin(async move {
-            let (_, sub) = self.conn(name)?;
-            let channel = redis_keys(name).channel;
-            let mut watch = sub.queues.register(&channel);
-            if self.refused_now() {
-                watch.set_fallback_only();
-                return Ok(watch);
-            }
-            // Every registration asks the subscriber task, which answers once the channel is
-            // subscribed on a live connection (at once when it already is); this keeps
-            // "subscribed before we retry" true even while a first waiter's SUBSCRIBE is still in
-            // flight or a lost connection is being replaced.
-            let (tx, rx) = oneshot::channel();
-            if sub.ctl.send(Ctl::Subscribe(channel, tx)).is_err() {
-                watch.set_fallback_only();
-                return Ok(watch);
-            }
-            match rx.await {
-                Ok(Ok(())) => self.note_accepted(),
-                Ok(Err(e)) => {
-                    // Not subscribed yet: the waiter uses the lease timer until the subscriber
-                    // task confirms the channel, which then wakes it to retry.
-                    if is_refusal(&e) {
-                        self.note_refusal(&e);
-                    }
-                    watch.set_fallback_only();
-                }
-                Err(_) => watch.set_fallback_only(),
-            }
-            Ok(watch)
-        })
+        Box::pin(self.watch_channel(name, redis_keys(name).channel))
     }
 
     fn has_waiters(&self, name: &str) -> bool {
@@ -1475,6 +1459,43 @@ impl Backend for RedisBackend {
             Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
             Err(_) => false,
         }
+    }
+
+    // Semaphores: `redis/semaphore.rs`.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.sem_try_acquire(name, owner, max, permits, ttl))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.sem_release(name, owner))
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.sem_extend(name, owner, ttl))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.sem_watch(name))
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.sem_has_waiters(name)
     }
 }
 

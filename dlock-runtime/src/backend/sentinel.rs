@@ -17,6 +17,7 @@
 //! failover to a replica that missed the grant loses the lock (replication stays asynchronous).
 
 pub(crate) mod admin;
+mod semaphore;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -753,6 +754,43 @@ impl Backend for SentinelBackend {
 
     fn has_waiters(&self, name: &str) -> bool {
         self.inner.queues.has_waiters(name)
+    }
+
+    // Semaphores: `sentinel/semaphore.rs`.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.sem_try_acquire(name, owner, max, permits, ttl))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.sem_release(name, owner))
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.sem_extend(name, owner, ttl))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.sem_watch(name))
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.sem_has_waiters(name)
     }
 }
 
