@@ -66,6 +66,25 @@ pub enum LockError {
         /// The lock name.
         key: String,
     },
+    /// The backend does not implement this primitive (a read-write lock on an engine without
+    /// one: see the README's engine table). Nothing was sent to the backend.
+    #[error("lock `{key}`: {what} are not supported by this backend")]
+    Unsupported {
+        /// The lock name.
+        key: String,
+        /// What is not supported (`"read-write locks"`).
+        what: &'static str,
+    },
+    /// A call chain that holds a read lock of a [`crate::RwLock`] asked for its write lock.
+    /// An upgrade is refused, never waited for (two readers upgrading would wait for each other
+    /// for ever): give the read guard back first, then take the write lock. Nothing was sent.
+    #[error(
+        "lock `{key}`: this call chain holds the read lock and asked for the write lock; an upgrade is refused (release the read guard first)"
+    )]
+    UpgradeRefused {
+        /// The lock name.
+        key: String,
+    },
     /// No backend is registered under this name.
     #[error("no lock backend named `{name}` is registered (known: {})", known.join(", "))]
     UnknownBackend {
@@ -137,7 +156,9 @@ impl LockError {
             | LockError::TimedOut { key, .. }
             | LockError::Lost { key, .. }
             | LockError::NotOwner { key }
-            | LockError::InvalidKey { key, .. } => Some(key),
+            | LockError::InvalidKey { key, .. }
+            | LockError::Unsupported { key, .. }
+            | LockError::UpgradeRefused { key } => Some(key),
             LockError::Backend { key, .. } if !key.is_empty() => Some(key),
             _ => None,
         }

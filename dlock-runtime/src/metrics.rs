@@ -84,6 +84,8 @@ pub(crate) fn error_kind(e: &LockError) -> &'static str {
         LockError::InvalidKey { .. } => "invalid_key",
         LockError::Config(_) => "config",
         LockError::Backend { .. } => "backend",
+        LockError::Unsupported { .. } => "unsupported",
+        LockError::UpgradeRefused { .. } => "upgrade_refused",
     }
 }
 
