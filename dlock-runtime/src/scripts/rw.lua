@@ -24,8 +24,11 @@
 --   extend     1 extended, 0 not a holder
 --   downgrade  bulk string token of the new read hold, or 0 when the owner is not the writer
 -- Wake-ups: a freed write side publishes 'a' on the readers' channel (every waiting reader of a
--- process retries) unless a writer waits, and '1' on the writers' channel; the last reader out
--- publishes '1' on the writers' channel; a downgrade publishes 'a' to readers (no writer waits).
+-- process retries) unless a writer waits; it and the last reader out publish on the writers'
+-- channel 'o' .. the waiting writer's owner id (its process wakes exactly it, the others their
+-- first writer) or '1' (every process wakes one writer); a downgrade publishes 'a' to readers
+-- when no writer waits. PUBLISH runs by pcall (an ACL without channel rights still releases;
+-- waiters then retry by their leases).
 local op = ARGV[1]
 local owner = ARGV[2]
 local ttl
@@ -164,7 +167,7 @@ if op == 'rr' then
   redis.call('HDEL', KEYS[1], 'c:' .. owner, 't:' .. owner)
   redis.call('ZREM', KEYS[2], owner)
   if redis.call('ZCARD', KEYS[2]) == 0 then
-    redis.pcall('PUBLISH', ARGV[6], '1')
+    redis.pcall('PUBLISH', ARGV[6], waiting and ('o' .. waiting) or '1')
   end
   return 0
 end
@@ -181,7 +184,7 @@ if op == 'rw' then
     if not waiting then
       redis.pcall('PUBLISH', ARGV[5], 'a')
     end
-    redis.pcall('PUBLISH', ARGV[6], '1')
+    redis.pcall('PUBLISH', ARGV[6], waiting and ('o' .. waiting) or '1')
     return 0
   end
   if ARGV[3] == '1' and waiting == owner then
