@@ -31,6 +31,15 @@ macro_rules! rw_backends {
                 }
             )*
         }
+        #[cfg(feature = "cluster")]
+        mod on_cluster {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::cluster().await).await
+                }
+            )*
+        }
         #[cfg(feature = "sentinel")]
         mod on_sentinel {
             $(

@@ -4,6 +4,7 @@
 //! See [`ClusterBackend`].
 
 pub(crate) mod admin;
+mod rw;
 
 use std::collections::{HashMap, HashSet};
 use std::fmt;
@@ -20,7 +21,7 @@ use super::redis::{
     QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, on_release_message,
     redact_url,
 };
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
@@ -1101,9 +1102,75 @@ impl Backend for ClusterBackend {
     }
 
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
-        Box::pin(async move {
+        Box::pin(self.watch_channel(name, redis_keys(name).channel))
+    }
+
+    fn has_waiters(&self, name: &str) -> bool {
+        self.channel_has_waiters(name, &redis_keys(name).channel)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.rw_acquire(side, name, owner, ttl))
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.rw_give_back(side, name, owner, all))
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.rw_renew(side, name, owner, ttl))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.rw_to_read(name, owner, ttl))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.watch_channel(name, rw::channel(name, side)))
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.channel_has_waiters(name, &rw::channel(name, side))
+    }
+}
+
+impl ClusterBackend {
+    /// Registers a waiter on `channel` (a lock's release channel, or a side of a read-write
+    /// lock), subscribed (SSUBSCRIBE, on the slot's node) before this returns.
+    async fn watch_channel(&self, name: &str, channel: String) -> Result<Watch, LockError> {
+        {
             let (_, sub) = self.conn(name)?;
-            let channel = redis_keys(name).channel;
             let mut watch = sub.queues.register(&channel);
             if self.refused_now() {
                 watch.set_fallback_only();
@@ -1125,12 +1192,13 @@ impl Backend for ClusterBackend {
                 Err(_) => watch.set_fallback_only(),
             }
             Ok(watch)
-        })
+        }
     }
 
-    fn has_waiters(&self, name: &str) -> bool {
+    /// True when this runtime has waiters on `channel`.
+    fn channel_has_waiters(&self, name: &str, channel: &str) -> bool {
         match self.conn(name) {
-            Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
+            Ok((_, sub)) => sub.queues.has_waiters(channel),
             Err(_) => false,
         }
     }
@@ -1157,6 +1225,7 @@ mod tests {
             ("release.lua", RELEASE_SRC, &*RELEASE),
             ("acquire.lua", ACQUIRE_SRC, &*ACQUIRE),
             ("wake.lua", WAKE_SRC, &*WAKE),
+            ("rw.lua", rw::RW_SRC, &*rw::RW),
         ] {
             assert!(
                 src.contains(PUBLISH_CALL),
