@@ -274,7 +274,7 @@ impl RwStore {
         let mut map = self.lock();
         let e = map.get_mut(name)?;
         e.purge(now);
-        if !e.writer.as_ref().is_some_and(|(w, _)| w == owner) {
+        if e.writer.as_ref().is_none_or(|(w, _)| w != owner) {
             return None;
         }
         e.writer = None;
