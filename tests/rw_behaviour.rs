@@ -494,3 +494,59 @@ async fn an_engine_without_rw_locks_is_a_typed_unsupported_error() {
     assert!(t0.elapsed() < Duration::from_millis(500));
     assert_eq!(inner.tries(), 0, "nothing was sent");
 }
+
+// The attribute's `mode = "read"` / `mode = "write"`.
+
+static IN_READ: AtomicI64 = AtomicI64::new(0);
+static MAX_IN_READ: AtomicI64 = AtomicI64::new(0);
+
+#[dlock::distributed_lock(key = "doc:{id}", mode = "read", wait = "5s", backend = "rw-macro")]
+async fn read_doc(id: u64) -> Result<u64, LockError> {
+    let n = IN_READ.fetch_add(1, Ordering::SeqCst) + 1;
+    MAX_IN_READ.fetch_max(n, Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    IN_READ.fetch_sub(1, Ordering::SeqCst);
+    Ok(id)
+}
+
+#[dlock::distributed_lock(key = "doc:{id}", mode = "write", wait = "5s", backend = "rw-macro")]
+async fn write_doc(id: u64) -> Result<u64, LockError> {
+    assert_eq!(
+        IN_READ.load(Ordering::SeqCst),
+        0,
+        "a writer ran beside a reader"
+    );
+    Ok(dlock::fencing_token().expect("inside the write body"))
+}
+
+#[dlock::distributed_lock(key = "doc:{id}", mode = "read", wait = "5s", backend = "rw-macro")]
+async fn read_then_write(id: u64) -> Result<u64, LockError> {
+    write_doc(id).await
+}
+
+/// Two read bodies of one key overlap, a write body never runs beside one, and a write body
+/// called from a read body of the same key fails at once with `UpgradeRefused`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_attributes_modes_share_exclude_and_refuse_an_upgrade() {
+    dlock::register("rw-macro", dlock::MemoryBackend::new());
+    let (a, b, w) = tokio::join!(read_doc(7), read_doc(7), async {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        write_doc(7).await
+    });
+    assert_eq!((a.unwrap(), b.unwrap()), (7, 7));
+    assert!(w.unwrap() > 0);
+    assert_eq!(
+        MAX_IN_READ.load(Ordering::SeqCst),
+        2,
+        "the read bodies overlapped"
+    );
+    let t0 = Instant::now();
+    let up = read_then_write(7).await;
+    assert!(
+        matches!(up, Err(LockError::UpgradeRefused { .. })),
+        "{up:?}"
+    );
+    assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
+    // Nothing is left held: a write gets in at once.
+    assert!(write_doc(7).await.is_ok());
+}

@@ -22,6 +22,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "hold_at_least",
     "on_lost",
     "policy",
+    "mode",
     "crate",
 ];
 
@@ -43,6 +44,13 @@ pub(crate) enum OnBusy {
     Skip,
 }
 
+/// `mode = "read"` / `"write"`: a side of a `dlock::RwLock` instead of a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RwMode {
+    Read,
+    Write,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnLost {
     Cancel,
@@ -61,6 +69,7 @@ pub(crate) struct LockArgs {
     pub(crate) hold_at_least: Option<Duration>,
     pub(crate) on_lost: Option<OnLost>,
     pub(crate) policy: Option<String>,
+    pub(crate) mode: Option<(RwMode, Span)>,
     pub(crate) crate_path: Option<syn::Path>,
 }
 
@@ -172,6 +181,22 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
                 }
             });
         }
+        "mode" => {
+            let s = lit_str(name, value)?;
+            let v = match s.value().as_str() {
+                "read" => RwMode::Read,
+                "write" => RwMode::Write,
+                other => {
+                    return Err(syn::Error::new(
+                        s.span(),
+                        format!(
+                            "`mode` takes \"read\" or \"write\" (a side of a read-write lock), not {other:?}"
+                        ),
+                    ));
+                }
+            };
+            out.mode = Some((v, s.span()));
+        }
         "crate" => {
             let s = lit_str(name, value)?;
             out.crate_path = Some(s.parse::<syn::Path>().map_err(|_| {
@@ -223,6 +248,7 @@ fn example(name: &str) -> &'static str {
         "on_busy" => "e.g. `on_busy = \"skip\"`",
         "on_lost" => "e.g. `on_lost = \"continue\"`",
         "policy" => "e.g. `policy = \"payments\"`",
+        "mode" => "e.g. `mode = \"read\"`",
         _ => "e.g. `crate = \"::dlock\"`",
     }
 }

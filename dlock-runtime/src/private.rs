@@ -22,7 +22,16 @@ pub struct LockSpec {
     pub hold_at_least: Option<Duration>,
     pub on_lost: Option<OnLost>,
     pub policy: Option<&'static str>,
+    /// `mode = "read"` / `"write"`: a side of an `RwLock` instead of a `Lock`.
+    pub mode: Option<RwMode>,
     pub resolved: OnceLock<Resolved>,
+}
+
+/// The attribute's `mode`: which side of a read-write lock the body runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RwMode {
+    Read,
+    Write,
 }
 
 /// The settings in force for one annotated function, resolved at its first call.
@@ -51,6 +60,7 @@ impl LockSpec {
         hold_at_least: None,
         on_lost: None,
         policy: None,
+        mode: None,
         resolved: OnceLock::new(),
     };
 
@@ -100,6 +110,11 @@ impl LockSpec {
 
     pub const fn policy(mut self, name: &'static str) -> Self {
         self.policy = Some(name);
+        self
+    }
+
+    pub const fn mode(mut self, m: RwMode) -> Self {
+        self.mode = Some(m);
         self
     }
 
@@ -161,16 +176,39 @@ pub async fn run_locked<F: Future>(
         let backend = spec.backend.unwrap_or(crate::DEFAULT_BACKEND);
         crate::metrics::setup_error(&crate::metrics::Labels::new(backend, spec.fn_name), e)
     })?;
-    let mut lock = Lock::new(key)
-        .ttl(r.ttl)
-        .wait(r.wait)
-        .watchdog(r.watchdog)
-        .backend(r.backend.clone())
-        .metric_name(spec.fn_name);
-    if let Some(h) = r.hold_at_least {
-        lock = lock.hold_at_least(h);
-    }
-    let guard = lock.acquire().await?;
+    let guard = match spec.mode {
+        None => {
+            let mut lock = Lock::new(key)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.fn_name);
+            if let Some(h) = r.hold_at_least {
+                lock = lock.hold_at_least(h);
+            }
+            lock.acquire().await?
+        }
+        Some(mode) => {
+            if r.hold_at_least.is_some() {
+                // The attribute refuses it at compile time; a policy may still set it.
+                return Err(LockError::Config(format!(
+                    "`{}`: a read-write lock (`mode`) has no `hold_at_least`, but its policy sets one",
+                    spec.fn_name
+                )));
+            }
+            let rw = crate::RwLock::new(key)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.fn_name);
+            match mode {
+                RwMode::Read => rw.read().await?.into_inner(),
+                RwMode::Write => rw.write().await?.into_inner(),
+            }
+        }
+    };
     let out = match r.on_lost {
         OnLost::Continue => Ok(guard.scope(body).await),
         _ => {
