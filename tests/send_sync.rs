@@ -48,3 +48,20 @@ fn futures_are_send_and_spawnable() {
     send_static(&init);
     drop(init);
 }
+
+#[test]
+fn rwlock_types_and_futures_are_send() {
+    send_sync::<dlock::RwLock>();
+    send_sync::<dlock::ReadGuard>();
+    send_sync::<dlock::WriteGuard>();
+    let rw = dlock::RwLock::new("rw").ttl(Duration::from_secs(1));
+    let owned = async move {
+        let r = rw.read().await?;
+        r.release().await?;
+        let w = rw.write().await?;
+        let r = w.downgrade().await?;
+        r.release().await
+    };
+    send_static(&owned);
+    drop(owned);
+}

@@ -22,6 +22,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "hold_at_least",
     "on_lost",
     "policy",
+    "mode",
     "metric_name",
     "semaphore",
     "permits",
@@ -46,6 +47,13 @@ pub(crate) enum OnBusy {
     Skip,
 }
 
+/// `mode = "read"` / `"write"`: a side of a `dlock::RwLock` instead of a lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RwMode {
+    Read,
+    Write,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OnLost {
     Cancel,
@@ -64,6 +72,7 @@ pub(crate) struct LockArgs {
     pub(crate) hold_at_least: Option<Duration>,
     pub(crate) on_lost: Option<OnLost>,
     pub(crate) policy: Option<String>,
+    pub(crate) mode: Option<(RwMode, Span)>,
     pub(crate) metric_name: Option<String>,
     /// `semaphore = max`: the function runs under permits of a semaphore of `max` permits
     /// instead of a lock.
@@ -143,6 +152,12 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> LockArgs {
         errors.push_spanned(
             span,
             "`hold_at_least` is not supported with `semaphore`: permits are given back when the call returns",
+        );
+    }
+    if let (Some(_), Some((_, span))) = (out.semaphore, out.mode) {
+        errors.push_spanned(
+            span,
+            "`mode` (a side of a read-write lock) and `semaphore` cannot be combined: choose one primitive",
         );
     }
     out
@@ -228,6 +243,22 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
                 }
             });
         }
+        "mode" => {
+            let s = lit_str(name, value)?;
+            let v = match s.value().as_str() {
+                "read" => RwMode::Read,
+                "write" => RwMode::Write,
+                other => {
+                    return Err(syn::Error::new(
+                        s.span(),
+                        format!(
+                            "`mode` takes \"read\" or \"write\" (a side of a read-write lock), not {other:?}"
+                        ),
+                    ));
+                }
+            };
+            out.mode = Some((v, s.span()));
+        }
         "crate" => {
             let s = lit_str(name, value)?;
             out.crate_path = Some(s.parse::<syn::Path>().map_err(|_| {
@@ -279,6 +310,7 @@ fn example(name: &str) -> &'static str {
         "on_busy" => "e.g. `on_busy = \"skip\"`",
         "on_lost" => "e.g. `on_lost = \"continue\"`",
         "policy" => "e.g. `policy = \"payments\"`",
+        "mode" => "e.g. `mode = \"read\"`",
         "metric_name" => "e.g. `metric_name = \"reports_run\"`",
         "semaphore" => "e.g. `semaphore = 4` (at most 4 permits held at once)",
         "permits" => "e.g. `permits = 2` (with `semaphore`)",
@@ -424,6 +456,10 @@ mod tests {
             (
                 quote!(key = "k", semaphore = 4, hold_at_least = "1s"),
                 "not supported with `semaphore`",
+            ),
+            (
+                quote!(key = "k", semaphore = 4, mode = "read"),
+                "cannot be combined",
             ),
         ] {
             let mut errors = Errors::default();

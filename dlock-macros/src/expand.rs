@@ -5,7 +5,7 @@ use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::visit_mut::VisitMut;
 use syn::{ReturnType, Type};
 
-use crate::args::{self, LockArgs, OnBusy, OnLost};
+use crate::args::{self, LockArgs, OnBusy, OnLost, RwMode};
 use crate::errors::Errors;
 use crate::item::{self, MaybeItemFn};
 use crate::template::{self, Segment};
@@ -110,6 +110,15 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
         Some(lit) => key_code(lit, func, &p, errors),
     };
 
+    // A read-write lock has no `hold_at_least` (a read hold kept after its body would hold
+    // writers back for nothing).
+    if let (Some((_, span)), Some(_)) = (args.mode, args.hold_at_least) {
+        errors.push_spanned(
+            span,
+            "`mode` takes a side of a read-write lock, which has no `hold_at_least`; remove one of them",
+        );
+    }
+
     // The busy mapping, checked against the return type.
     let shape = shape(&sig.output);
     let ret_span = item::return_span(sig);
@@ -193,6 +202,13 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     if let Some((max, _)) = args.semaphore {
         let n = args.permits.map_or(1, |(n, _)| n);
         setters.push(quote!(.semaphore(#max, #n)));
+    }
+    if let Some((m, _)) = args.mode {
+        let v = match m {
+            RwMode::Read => quote!(Read),
+            RwMode::Write => quote!(Write),
+        };
+        setters.push(quote!(.mode(#p::RwMode::#v)));
     }
 
     // The fake return edge: makes `?`, `.into()` and early `return` in the body infer as they

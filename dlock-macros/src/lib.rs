@@ -47,6 +47,7 @@ use proc_macro::TokenStream;
 /// | `watchdog` | `true` / `false`: renew the lease every ttl/3 while the body runs | `true` |
 /// | `on_busy` | `"error"` / `"skip"` | `"error"` |
 /// | `hold_at_least` | keep the lock this long after acquiring it, even when the body ends sooner | none |
+/// | `mode` | `"read"` / `"write"`: run under that side of a `dlock::RwLock` named `key` instead of a lock (many readers or one writer; no `hold_at_least`; `"write"` inside a `"read"` body of the same key fails with `LockError::UpgradeRefused`) | a lock |
 /// | `on_lost` | `"cancel"` / `"continue"` | `"cancel"` |
 /// | `policy` | a named policy (`dlock::define_policy`, `dlock::load_policies`, env) | none |
 /// | `semaphore` | integer ≥ 1: run under permits of the semaphore `key` of this many permits (`dlock::Semaphore`) instead of the lock; no `hold_at_least` | none: a lock |

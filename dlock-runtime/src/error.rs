@@ -66,6 +66,16 @@ pub enum LockError {
         /// The lock name.
         key: String,
     },
+    /// A call chain that holds a read lock of a [`crate::RwLock`] asked for its write lock.
+    /// An upgrade is refused, never waited for (two readers upgrading would wait for each other
+    /// for ever): give the read guard back first, then take the write lock. Nothing was sent.
+    #[error(
+        "lock `{key}`: this call chain holds the read lock and asked for the write lock; an upgrade is refused (release the read guard first)"
+    )]
+    UpgradeRefused {
+        /// The lock name.
+        key: String,
+    },
     /// No backend is registered under this name.
     #[error("no lock backend named `{name}` is registered (known: {})", known.join(", "))]
     UnknownBackend {
@@ -101,7 +111,7 @@ pub enum LockError {
     Unsupported {
         /// The lock (or semaphore) name.
         key: String,
-        /// What is not supported (`"semaphores"`).
+        /// What is not supported (`"semaphores"`, `"read-write locks"`).
         what: &'static str,
     },
     /// A semaphore was asked for with a `max` other than the one its live holders were granted
@@ -160,7 +170,8 @@ impl LockError {
             | LockError::NotOwner { key }
             | LockError::InvalidKey { key, .. }
             | LockError::Unsupported { key, .. }
-            | LockError::SemaphoreMax { key, .. } => Some(key),
+            | LockError::SemaphoreMax { key, .. }
+            | LockError::UpgradeRefused { key } => Some(key),
             LockError::Backend { key, .. } if !key.is_empty() => Some(key),
             _ => None,
         }

@@ -479,6 +479,22 @@ impl LockGuard {
         context::scope(Frame::new(self.hold.clone()), fut).await
     }
 
+    /// The hold this guard shares with its watchdog (for [`crate::RwLock`]'s downgrade).
+    pub(crate) fn hold(&self) -> &Arc<Hold> {
+        &self.hold
+    }
+
+    /// True for the outermost guard of its hold (not a re-entry).
+    pub(crate) fn is_outer(&self) -> bool {
+        self.outer
+    }
+
+    /// Ends the guard without a release call: its watchdog stops and its drop sends nothing.
+    /// For a hold the server has already turned into another (a downgrade).
+    pub(crate) fn forget(mut self) {
+        self.finish();
+    }
+
     /// Marks the guard given back and stops its watchdog (outermost guard only); returns how long
     /// `hold_at_least` still keeps the lock taken. Shared by `release` and `Drop`.
     fn finish(&mut self) -> Option<Duration> {

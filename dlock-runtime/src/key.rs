@@ -75,6 +75,17 @@ pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
 /// Suffix of the waiters' queue after the lock key (a zset: waiting process id -> expiry).
 pub(crate) const QUEUE_SUFFIX: &str = ":q";
 
+/// Suffix of a read-write lock's state hash after the lock key (see `scripts/rw.lua`).
+pub(crate) const RW_SUFFIX: &str = ":rw";
+/// Suffix of a read-write lock's readers zset (owner -> lease end).
+pub(crate) const RW_READERS_SUFFIX: &str = ":rw:r";
+/// Suffix of a read-write lock's fence key.
+pub(crate) const RW_FENCE_SUFFIX: &str = ":rw:fence";
+/// Suffix of a read-write lock's readers' wake-up channel.
+pub(crate) const RW_READERS_CHANNEL_SUFFIX: &str = ":rw:rd";
+/// Suffix of a read-write lock's writers' wake-up channel.
+pub(crate) const RW_WRITERS_SUFFIX: &str = ":rw:wr";
+
 /// The Redis names of one lock, built by the rule of [`redis_keys`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RedisKeys {

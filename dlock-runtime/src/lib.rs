@@ -37,6 +37,7 @@ mod metrics;
 mod policy;
 mod redact;
 mod registry;
+mod rwlock;
 mod scripts;
 mod semaphore;
 #[cfg(test)]
@@ -103,6 +104,7 @@ pub use registry::init_cluster;
 pub use registry::{
     DEFAULT_BACKEND, URL_ENV, backend, init, init_from_env, init_named, register, register_arc,
 };
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
 pub use semaphore::{Semaphore, SemaphoreGuard};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]

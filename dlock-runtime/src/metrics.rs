@@ -86,6 +86,7 @@ pub(crate) fn error_kind(e: &LockError) -> &'static str {
         LockError::Unsupported { .. } => "unsupported",
         LockError::SemaphoreMax { .. } => "semaphore_max",
         LockError::Backend { .. } => "backend",
+        LockError::UpgradeRefused { .. } => "upgrade_refused",
     }
 }
 

@@ -27,7 +27,16 @@ pub struct LockSpec {
     /// `semaphore = max, permits = n`: `(max, n)`; the call runs under `n` permits of the
     /// semaphore `key` instead of the lock.
     pub semaphore: Option<(u32, u32)>,
+    /// `mode = "read"` / `"write"`: a side of an `RwLock` instead of a `Lock`.
+    pub mode: Option<RwMode>,
     pub resolved: OnceLock<Resolved>,
+}
+
+/// The attribute's `mode`: which side of a read-write lock the body runs under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RwMode {
+    Read,
+    Write,
 }
 
 /// The settings in force for one annotated function, resolved at its first call.
@@ -56,6 +65,7 @@ impl LockSpec {
         on_busy: None,
         hold_at_least: None,
         on_lost: None,
+        mode: None,
         policy: None,
         semaphore: None,
         resolved: OnceLock::new(),
@@ -129,6 +139,11 @@ impl LockSpec {
         self
     }
 
+    pub const fn mode(mut self, m: RwMode) -> Self {
+        self.mode = Some(m);
+        self
+    }
+
     fn attribute_layer(&self) -> Policy {
         let mut p = Policy::new();
         p.ttl = self.ttl;
@@ -190,8 +205,8 @@ pub async fn run_locked<F: Future>(
             e,
         )
     })?;
-    let guard = match spec.semaphore {
-        None => {
+    let guard = match (spec.semaphore, spec.mode) {
+        (None, None) => {
             let mut lock = Lock::new(key)
                 .ttl(r.ttl)
                 .wait(r.wait)
@@ -203,7 +218,7 @@ pub async fn run_locked<F: Future>(
             }
             lock.acquire().await?
         }
-        Some((max, permits)) => {
+        (Some((max, permits)), _) => {
             if r.hold_at_least.is_some() {
                 // Only a policy can bring it here: the attribute refuses it at compile time.
                 return Err(LockError::Config(format!(
@@ -221,6 +236,25 @@ pub async fn run_locked<F: Future>(
                 .acquire()
                 .await?
                 .into_lock_guard()
+        }
+        (None, Some(mode)) => {
+            if r.hold_at_least.is_some() {
+                // The attribute refuses it at compile time; a policy may still set it.
+                return Err(LockError::Config(format!(
+                    "`{}`: a read-write lock (`mode`) has no `hold_at_least`, but its policy sets one",
+                    spec.fn_name
+                )));
+            }
+            let rw = crate::RwLock::new(key)
+                .ttl(r.ttl)
+                .wait(r.wait)
+                .watchdog(r.watchdog)
+                .backend(r.backend.clone())
+                .metric_name(spec.metric_label());
+            match mode {
+                RwMode::Read => rw.read().await?.into_inner(),
+                RwMode::Write => rw.write().await?.into_inner(),
+            }
         }
     };
     let out = match r.on_lost {

@@ -9,7 +9,7 @@
 //! | [`LockError::Lost`], [`LockError::NotOwner`], [`LockError::Backend`] | `503 Service Unavailable` | no internals; the error is logged as a `warn` event |
 //! | [`LockError::InvalidKey`] | `400 Bad Request` | |
 //! | the layer's extractor found no key | `400 Bad Request` | `x-dlock-error: no-lock-key`; the first one per layer is logged as a `warn` event |
-//! | [`LockError::Config`], [`LockError::UnknownBackend`], [`LockError::UnknownPolicy`], [`LockError::Unsupported`], [`LockError::SemaphoreMax`] | `500` | logged as an `error` event |
+//! | [`LockError::Config`], [`LockError::UnknownBackend`], [`LockError::UnknownPolicy`], [`LockError::Unsupported`], [`LockError::SemaphoreMax`], [`LockError::UpgradeRefused`] | `500` | logged as an `error` event |
 //!
 //! # The layer
 //!
@@ -126,7 +126,8 @@ pub fn status_for(e: &LockError, busy: StatusCode) -> StatusCode {
         | LockError::UnknownBackend { .. }
         | LockError::UnknownPolicy { .. }
         | LockError::Unsupported { .. }
-        | LockError::SemaphoreMax { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        | LockError::SemaphoreMax { .. }
+        | LockError::UpgradeRefused { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::SERVICE_UNAVAILABLE,
     }
 }

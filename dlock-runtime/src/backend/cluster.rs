@@ -4,6 +4,7 @@
 //! See [`ClusterBackend`].
 
 pub(crate) mod admin;
+mod rw;
 mod semaphore;
 
 use std::collections::{HashMap, HashSet};
@@ -21,7 +22,7 @@ use super::redis::{
     QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, on_release_message,
     redact_url,
 };
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::key::{self, redis_keys};
 use crate::wait::WaitQueues;
@@ -1148,6 +1149,71 @@ impl Backend for ClusterBackend {
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.sem_has_waiters(name)
     }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.rw_acquire(side, name, owner, ttl))
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.rw_give_back(side, name, owner, all))
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.rw_renew(side, name, owner, ttl))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.rw_to_read(name, owner, ttl))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.watch_channel(name, rw::channel(name, side)))
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.channel_has_waiters(name, &rw::channel(name, side))
+    }
+}
+
+impl ClusterBackend {
+    /// True when this runtime has waiters on `channel` (a side of a read-write lock).
+    fn channel_has_waiters(&self, name: &str, channel: &str) -> bool {
+        match self.conn(name) {
+            Ok((_, sub)) => sub.queues.has_waiters(channel),
+            Err(_) => false,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -1171,6 +1237,7 @@ mod tests {
             ("release.lua", RELEASE_SRC, &*RELEASE),
             ("acquire.lua", ACQUIRE_SRC, &*ACQUIRE),
             ("wake.lua", WAKE_SRC, &*WAKE),
+            ("rw.lua", rw::RW_SRC, &*rw::RW),
         ] {
             assert!(
                 src.contains(PUBLISH_CALL),

@@ -7,9 +7,11 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
+
+mod rw;
 
 mod semaphore;
 
@@ -30,6 +32,8 @@ struct Entry {
 #[derive(Debug)]
 pub struct MemoryBackend {
     locks: Mutex<HashMap<String, Entry>>,
+    /// Read-write locks ([`crate::RwLock`]): a state of their own, tokens from `next_token`.
+    rw: rw::RwStore,
     next_token: AtomicU64,
     waiters: Arc<WaitQueues>,
     /// Semaphores, apart from the locks (`memory/semaphore.rs`).
@@ -50,6 +54,7 @@ impl MemoryBackend {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
         MemoryBackend {
+            rw: rw::RwStore::new(),
             locks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(seed),
             waiters: WaitQueues::new(),
@@ -162,6 +167,12 @@ impl MemoryBackend {
         }
     }
 
+    /// Deletes every hold of the read-write lock `name` whatever its owners, as an operator
+    /// would (for tests of the lost-lease signal).
+    pub fn force_delete_rw(&self, name: &str) -> bool {
+        self.rw.force_delete(name)
+    }
+
     /// Deletes a lock whatever its owner, as an operator's `DEL` would (for tests of the
     /// lost-lease signal).
     pub fn force_delete(&self, name: &str) -> bool {
@@ -253,6 +264,68 @@ impl Backend for MemoryBackend {
 
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.sems.waiters.has_waiters(name)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let r = self
+            .rw
+            .try_acquire(&self.next_token, side, name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let r = self.rw.release(side, name, owner, all);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let r = self.rw.extend(side, name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        let r = self.rw.downgrade(&self.next_token, name, owner, ttl);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.rw.queues(side).register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.rw.queues(side).has_waiters(name)
     }
 }
 

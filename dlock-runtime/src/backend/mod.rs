@@ -301,6 +301,115 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = name;
         false
     }
+
+    // --- Read-write locks ([`crate::RwLock`]). A backend without them keeps these defaults:
+    // `supports_rw` false, and [`crate::RwLock`] then fails with `LockError::Unsupported` before
+    // anything is sent. A read-write lock's state is its own: it never shares a key, row or
+    // waiter queue with a plain lock of the same name.
+
+    /// True when the `rw_*` methods are implemented. Default: false.
+    fn supports_rw(&self) -> bool {
+        false
+    }
+
+    /// Takes (or re-enters, count + 1) `side` of the read-write lock `name` for `owner`.
+    ///
+    /// * [`RwSide::Read`]: granted unless a writer holds it or another owner's live
+    ///   "writer waiting" marker is set (writer preference); a reader that already holds it
+    ///   re-enters even then. Many owners hold the read side at once; each reader's hold has its
+    ///   own lease of `ttl`, judged by the store's clock.
+    /// * [`RwSide::Write`]: granted when no writer and no live reader hold it and no other
+    ///   owner's live marker is set. A busy try sets the marker for `owner` (lease `ttl`) when
+    ///   none is set, or renews its own; the marker goes with the grant, with a release of every
+    ///   hold of `owner`, or by its lease.
+    ///
+    /// Every first grant (either side) mints a token larger than every token handed out before
+    /// for this name (either side); a re-entry returns the hold's token. A busy reply's
+    /// `remaining` is when to try again at the latest (a waiting writer's retry renews its marker).
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let _ = (side, owner, ttl);
+        Box::pin(async move { Err(rw_unsupported(name)) })
+    }
+
+    /// Gives back one hold of `owner` on `side` (every hold with `all`), owner-checked; on the
+    /// write side `all` also clears `owner`'s "writer waiting" marker (a wait that ended without
+    /// a grant), answering [`Released::NotOwner`] when `owner` held nothing. A release that frees
+    /// the side wakes the waiters that can now go on (the last reader: a writer; a writer:
+    /// readers and a writer).
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let _ = (side, owner, all);
+        Box::pin(async move { Err(rw_unsupported(name)) })
+    }
+
+    /// Sets the lease of `owner`'s hold of `side` to `ttl` from now, if it still holds it.
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let _ = (side, owner, ttl);
+        Box::pin(async move { Err(rw_unsupported(name)) })
+    }
+
+    /// Atomically turns `owner`'s write hold into a read hold (count 1, lease `ttl`, a new
+    /// token, returned) and wakes waiting readers; no writer can get in between. `None` when
+    /// `owner` no longer holds the write side (nothing changed).
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        let _ = (owner, ttl);
+        Box::pin(async move { Err(rw_unsupported(name)) })
+    }
+
+    /// Registers the caller as a waiter for `side` of `name` (as [`Backend::watch`]).
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let _ = side;
+        Box::pin(async move { Err(rw_unsupported(name)) })
+    }
+
+    /// True when other callers in this process already wait for `side` of `name`.
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        let _ = (side, name);
+        false
+    }
+}
+
+/// The side of a read-write lock a [`Backend`]'s `rw_*` method is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RwSide {
+    /// Shared: many readers at once.
+    Read,
+    /// Exclusive: one writer, no reader.
+    Write,
+}
+
+/// The error of a read-write call on a backend without read-write locks.
+pub(crate) fn rw_unsupported(name: &str) -> LockError {
+    LockError::Unsupported {
+        key: name.to_string(),
+        what: "read-write locks",
+    }
 }
 
 pub use crate::key::{RedisKeys, redis_keys};

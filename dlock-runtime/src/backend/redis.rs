@@ -19,9 +19,10 @@ use redis::{
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 
 pub(crate) mod admin;
+mod rw;
 pub(crate) mod semaphore;
 use crate::holder::Registration;
 use crate::key::{self, redis_keys};
@@ -587,6 +588,19 @@ pub(crate) fn on_release_message(
     payload: &[u8],
     mut ctl: impl FnMut(StallCtl),
 ) {
+    // A read-write lock's wake-ups (rw.lua): `a` wakes every waiting reader here, `o<owner>`
+    // the waiting writer with that owner id (or the first writer here, see `wake_owner`).
+    match payload {
+        b"a" => {
+            while queues.wake_one(channel) {}
+            return;
+        }
+        [b'o', owner @ ..] if channel.ends_with(key::RW_WRITERS_SUFFIX) => {
+            queues.wake_owner(channel, &String::from_utf8_lossy(owner));
+            return;
+        }
+        _ => {}
+    }
     match heard(payload, &queueing.id) {
         Heard::All => {
             queues.wake_one(channel);
@@ -1496,6 +1510,71 @@ impl Backend for RedisBackend {
 
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.sem_has_waiters(name)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.rw_acquire(side, name, owner, ttl))
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.rw_give_back(side, name, owner, all))
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.rw_renew(side, name, owner, ttl))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.rw_to_read(name, owner, ttl))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.watch_channel(name, rw::channel(name, side)))
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.channel_has_waiters(name, &rw::channel(name, side))
+    }
+}
+
+impl RedisBackend {
+    /// True when this runtime has waiters on `channel` (a side of a read-write lock).
+    fn channel_has_waiters(&self, name: &str, channel: &str) -> bool {
+        match self.conn(name) {
+            Ok((_, sub)) => sub.queues.has_waiters(channel),
+            Err(_) => false,
+        }
     }
 }
 

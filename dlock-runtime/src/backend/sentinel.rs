@@ -31,7 +31,7 @@ use tokio::sync::mpsc;
 use tokio::time::Instant;
 
 use super::redis::{RedisBackend, RedisBackendBuilder};
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
@@ -791,6 +791,96 @@ impl Backend for SentinelBackend {
 
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.sem_has_waiters(name)
+    }
+
+    // Read-write locks: the Redis script on the current master (a failed call asks the
+    // sentinels again). Waiting subscribes on the master of the moment and does not follow a
+    // failover: waiters then retry by the leases (README, engine table).
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.rw_try_acquire(side, name, owner, ttl).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.rw_release(side, name, owner, all).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.rw_extend(side, name, owner, ttl).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.rw_downgrade(name, owner, ttl).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            b.rw_watch(side, name).await
+        })
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.inner.current().backend.rw_has_waiters(side, name)
     }
 }
 

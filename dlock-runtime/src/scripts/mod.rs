@@ -22,6 +22,9 @@ pub(crate) static WAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_
 pub(crate) static FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("fence.lua")));
 
+/// Every operation of a read-write lock (`RwLock`) on one name.
+pub(crate) static RW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rw.lua")));
+
 /// An `EVALSHA` of `script` with room for `args` (keys and arguments, after the key count)
 /// totalling about `bytes`: one buffer sized once, instead of redis-rs's `ScriptInvocation`,
 /// which copies every argument twice (its own list, then the command) and grows the command's
