@@ -654,7 +654,10 @@ impl Advisory {
             vec![(&key, Type::INT8)];
         if let Some(m) = me {
             params.extend([
-                (&name_b as &(dyn tokio_postgres::types::ToSql + Sync), Type::BYTEA),
+                (
+                    &name_b as &(dyn tokio_postgres::types::ToSql + Sync),
+                    Type::BYTEA,
+                ),
                 (&m.channel, Type::TEXT),
                 (&m.pid, Type::INT4),
                 (&m.started_us, Type::INT8),
