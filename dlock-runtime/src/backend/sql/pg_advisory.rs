@@ -277,9 +277,37 @@ impl Advisory {
         })
     }
 
-    /// The waiters' FIFO's leave statement in this mode (see [`QueueSql::leave`]).
-    pub(crate) fn leave_sql(&self) -> &str {
-        &self.queue.leave
+    /// The leave statement of `name` for the process whose channel is `channel` (`pass`: wake
+    /// the next process in line when the lock is free), on the dedicated session: a try of this
+    /// process whose caller went away may still be running there, and its insert of the
+    /// process's row must not come after the deletion (one session runs its statements in the
+    /// order they were sent; on a pooled connection the leave could overtake it and leave the
+    /// row behind until a release finds its heartbeat stale).
+    pub(crate) async fn leave(
+        &self,
+        name: &str,
+        channel: &str,
+        pass: bool,
+    ) -> Result<(), LockError> {
+        let key = advisory_key(&self.table, name);
+        let guard = self.live_session(name).await?;
+        let client = &guard.as_ref().expect("live session").client;
+        bounded(
+            name,
+            "the leave statement",
+            self.op_timeout,
+            client.query_typed(
+                &self.queue.leave,
+                &[
+                    (&name.as_bytes(), Type::BYTEA),
+                    (&channel, Type::TEXT),
+                    (&pass, Type::BOOL),
+                    (&key, Type::INT8),
+                ],
+            ),
+        )
+        .await
+        .map(drop)
     }
 
     /// The listener's heartbeat in this mode.

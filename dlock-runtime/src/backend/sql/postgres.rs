@@ -1868,19 +1868,9 @@ impl PostgresBackend {
         let name = name.to_string();
         rt.spawn(async move {
             let r = if let Some(a) = &b.inner.advisory {
-                // Advisory mode: the name's lock is free when no session holds its key.
-                b.query(
-                    &name,
-                    "the leave statement",
-                    a.leave_sql(),
-                    &[
-                        (&name.as_bytes(), Type::BYTEA),
-                        (&me.channel.as_str(), Type::TEXT),
-                        (&pass, Type::BOOL),
-                        (&a.key(&name), Type::INT8),
-                    ],
-                )
-                .await
+                // Advisory mode: on the dedicated session, behind any try of this process
+                // still running there; the name's lock is free when no session holds its key.
+                a.leave(&name, &me.channel, pass).await
             } else {
                 let sql = if b.uses_server_functions() {
                     &b.inner.sql.functions.fifo.leave
@@ -1898,6 +1888,7 @@ impl PostgresBackend {
                     ],
                 )
                 .await
+                .map(drop)
             };
             if let Err(e) = r {
                 tracing::debug!(key = %name, error = %e, "dlock: PostgreSQL leave of the waiters' queue failed");
