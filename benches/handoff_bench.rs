@@ -606,16 +606,18 @@ fn setup(engine: &str, rt: &tokio::runtime::Runtime) -> Setup {
                 urls: vec![url],
                 table,
                 bound: if advisory {
-                    Duration::from_millis(500)
+                    Duration::from_secs(1)
                 } else {
-                    TTL
+                    Duration::from_millis(1500)
                 },
                 bound_why: if advisory {
-                    "500 ms: a release NOTIFYs every process; the first waiter re-checks every 500 ms"
+                    "1 s: a release notifies the head of the waiters' FIFO only; a name found free \
+                     at two 500 ms re-checks (pg_locks) in a row wakes a waiter in each process"
                         .into()
                 } else {
-                    "ttl: a release wakes the head of the waiters' FIFO only; the others retry at \
-                     the holder's lease end"
+                    "1.5 s: a release notifies the head of the waiters' FIFO only; a silent head \
+                     (heartbeat under 5 s old) is covered by the others' heartbeat once the name \
+                     has been free 0.5 s, then skipped"
                         .into()
                 },
                 calls_what: "PostgreSQL transactions (pg_stat_database commit+rollback)",

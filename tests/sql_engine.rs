@@ -410,6 +410,8 @@ fn child_entry() {
         let backend: Arc<dyn Backend> = match engine.as_str() {
             #[cfg(feature = "postgres")]
             "postgres" => Arc::new(common::sql::pg_backend(&url, &table).await),
+            #[cfg(feature = "postgres")]
+            "pg-advisory" => Arc::new(common::sql::pg_advisory_backend(&url, &table).await),
             #[cfg(feature = "mysql")]
             "mysql" => Arc::new(common::sql::my_backend(&url, &table).await),
             e => panic!("unknown engine {e}"),
@@ -1053,6 +1055,23 @@ mod on_postgres {
         fifo_backend_with(url, table, true).await
     }
 
+    /// [`fifo_backend`] in advisory-lock mode.
+    async fn fifo_advisory_backend(url: &str, table: &str) -> dlock::PostgresBackend {
+        let b = dlock::PostgresBackend::builder(url)
+            .table(table)
+            .pool_size(2)
+            .advisory(true)
+            .connect()
+            .await
+            .unwrap();
+        drop(b.watch("warm-up").await.unwrap());
+        assert!(
+            b.fifo_channel().is_some(),
+            "not listening on its own channel"
+        );
+        b
+    }
+
     /// [`fifo_backend`], with the server functions or the statements sent whole.
     async fn fifo_backend_with(url: &str, table: &str, functions: bool) -> dlock::PostgresBackend {
         let b = dlock::PostgresBackend::builder(url)
@@ -1451,11 +1470,29 @@ mod on_postgres {
     /// channel; its channels are per session, not per wait).
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_thousand_timed_out_waits_leave_nothing_behind() {
+        thousand_timed_out_waits_leave_nothing(false).await
+    }
+
+    /// The same in advisory mode, whose waiters now queue in the same FIFO (its re-check task
+    /// is one per backend, not per wait).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_a_thousand_timed_out_waits_leave_nothing_behind() {
+        thousand_timed_out_waits_leave_nothing(true).await
+    }
+
+    async fn thousand_timed_out_waits_leave_nothing(advisory: bool) {
         let env = Env::postgres().await;
         let (url, table) = (env.db().url.clone(), env.db().table.clone());
         let admin = common::sql::pg_admin(&url).await;
-        let holder = fifo_backend(&url, &table).await;
-        let w = fifo_backend(&url, &table).await;
+        let connect = || async {
+            if advisory {
+                fifo_advisory_backend(&url, &table).await
+            } else {
+                fifo_backend(&url, &table).await
+            }
+        };
+        let holder = connect().await;
+        let w = connect().await;
         let channel = w.fifo_channel();
         let names: Vec<String> = (0..10).map(|i| format!("leak-{i}")).collect();
         let mut held = Vec::new();
@@ -1519,7 +1556,8 @@ mod on_postgres {
             w.waiter_count(),
             queue_rows(&admin, &table, "leak-0").await
         );
-        assert!(s.acquire_statements > before.acquire_statements);
+        // (Counted in the lock-table mode only.)
+        assert!(advisory || s.acquire_statements > before.acquire_statements);
         let st = w.pool().status();
         assert!(st.size <= st.max_size, "{st:?}");
         assert_eq!(w.fifo_channel(), channel, "the listener changed session");
@@ -1536,10 +1574,31 @@ mod on_postgres {
     /// 500 ms). Before the heartbeat the first hand-off took the whole 30 s lease.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_paused_head_of_the_queue_does_not_stall_the_others() {
+        paused_head_does_not_stall(false).await
+    }
+
+    /// The same in advisory mode, which queues in the same waiters' FIFO: while the paused
+    /// head's heartbeat is fresh a release still notifies it, and the others' re-check (a name
+    /// found free by `pg_locks` at two 500 ms checks in a row) hands the lock on within about
+    /// 1 s (asserted: under 2.5 s); after the grace, under 500 ms. Before, advisory mode did not
+    /// queue at all (every release woke one waiter per process): the child never queued.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn advisory_a_paused_head_of_the_queue_does_not_stall_the_others() {
+        paused_head_does_not_stall(true).await
+    }
+
+    async fn paused_head_does_not_stall(advisory: bool) {
         let env = Env::postgres().await;
         let (url, table) = (env.db().url.clone(), env.db().table.clone());
         let admin = common::sql::pg_admin(&url).await;
-        let holder = fifo_backend(&url, &table).await;
+        let connect = || async {
+            if advisory {
+                fifo_advisory_backend(&url, &table).await
+            } else {
+                fifo_backend(&url, &table).await
+            }
+        };
+        let holder = connect().await;
         let g = Lock::new("paused")
             .with_backend(Arc::new(holder.clone()))
             .ttl(Duration::from_secs(30))
@@ -1550,7 +1609,10 @@ mod on_postgres {
             "child_entry",
             "queue",
             &[
-                ("DLOCK_ENGINE", "postgres".to_string()),
+                (
+                    "DLOCK_ENGINE",
+                    if advisory { "pg-advisory" } else { "postgres" }.to_string(),
+                ),
                 ("DLOCK_DB_URL", url.clone()),
                 ("DLOCK_TABLE", table.clone()),
                 ("DLOCK_NAME", "paused".to_string()),
@@ -1570,7 +1632,7 @@ mod on_postgres {
         let head = queue_rows(&admin, &table, "paused").await[0].clone();
         let mut live = Vec::new();
         for _ in 0..3 {
-            live.push(fifo_backend(&url, &table).await);
+            live.push(connect().await);
         }
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let mut guard = g;
@@ -1608,6 +1670,8 @@ mod on_postgres {
             assert_eq!(j, i);
             let bound = if late {
                 Duration::from_millis(500)
+            } else if advisory {
+                Duration::from_millis(2500)
             } else {
                 Duration::from_secs(4)
             };

@@ -243,6 +243,11 @@ impl WaitQueues {
         }
     }
 
+    /// The names that have waiters now.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.lock().keys().cloned().collect()
+    }
+
     /// Number of waiters over all names (for tests and metrics).
     pub fn waiter_count(&self) -> usize {
         self.lock().values().map(|q| q.slots.len()).sum()

@@ -643,7 +643,8 @@ mod pg {
                     events: rx,
                     sees: "releases only (NOTIFY on the release channel): advisory locks keep \
                            no names on the server, so acquisitions, and locks freed by a \
-                           session that ends, are not visible"
+                           session that ends, are not visible; nor is a release while processes \
+                           wait in the waiters' FIFO (it notifies the first of them only)"
                         .into(),
                     sees_acquisitions: false,
                 });

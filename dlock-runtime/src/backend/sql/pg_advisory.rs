@@ -11,15 +11,21 @@
 //! other (a spurious busy, never two holders of one name); with n names in use the chance of any
 //! collision is about n²/2⁶⁵.
 //!
-//! Waiting: a release NOTIFYs like the table mode; a lock freed by a dying session does not, so
-//! while a name has local waiters the first of them re-checks every 500 ms (`RECHECK`). A busy
-//! answer reports no remaining time: a session lock has no known end.
+//! Waiting: with the waiters' FIFO on (the default), waiting processes queue in the table
+//! mode's `<table>_waiters` (a busy try of a process whose callers wait inserts its row, a grant
+//! deletes it) and a release that frees the lock notifies the oldest live queued process only,
+//! on its own channel (the table's channel when nobody is queued), so one release wakes one
+//! waiter; without it a release NOTIFYs the table's channel, one waiter per process. A lock
+//! freed by a dying session sends no NOTIFY, and a notified process can be paused: while a name
+//! has local waiters, the backend reads every 500 ms (`RECHECK`) whether its lock is held by
+//! any session (`pg_locks`, no try) and wakes the first local waiter of a name found free at two
+//! checks in a row. A busy answer reports no remaining time: a session lock has no known end.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use super::postgres::Connector;
+use super::postgres::{Connector, Me};
 use tokio_postgres::types::Type;
 
 use super::bounded;
@@ -29,9 +35,118 @@ use tokio_util::sync::CancellationToken;
 
 type DynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
-/// How often the first local waiter of a name re-checks: an advisory lock has no lease, and
-/// one freed by a dying session sends no NOTIFY.
+/// How often the backend re-checks the names its callers wait for: an advisory lock has no
+/// lease, and one freed by a dying session sends no NOTIFY.
 pub(crate) const RECHECK: Duration = Duration::from_millis(500);
+
+/// Whom a release that frees a lock wakes.
+#[derive(Debug, Clone)]
+pub(crate) enum Wake {
+    /// Every process (one local waiter each): a NOTIFY on the table's channel (the FIFO is off).
+    Table,
+    /// The oldest live process queued for the name (the table's channel when none is), and the
+    /// releasing process queues at the back under this identity when its own callers wait.
+    Fifo(Option<std::sync::Arc<Me>>),
+}
+
+/// `pg_locks`' condition (on the row `l`) for the session advisory lock of the bigint key
+/// `key` (an SQL expression) in the current database, granted to any session: a bigint key is
+/// shown as classid = its high 32 bits, objid = its low 32 bits, objsubid = 1.
+fn held_where(l: &str, key: &str) -> String {
+    format!(
+        "{l}.locktype = 'advisory' AND {l}.granted AND {l}.objsubid = 1 \
+         AND {l}.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND {l}.classid = ((({key}) >> 32) & 4294967295)::oid \
+         AND {l}.objid = (({key}) & 4294967295)::oid"
+    )
+}
+
+/// The statements of the waiters' FIFO in advisory mode (on the table mode's `<table>_waiters`;
+/// see docs/postgres.md).
+#[derive(Debug)]
+struct QueueSql {
+    /// The try of a process whose callers wait: `$1` key, `$2` name, `$3`..`$5` its channel,
+    /// pid and start; a busy answer queues it (keeping its place), a grant takes it out.
+    try_q: String,
+    /// The unlock: `$1` name, `$2` key, `$3`..`$5` the releasing process's channel, pid and
+    /// start when callers of its own wait for the name (NULLs otherwise: they queue at the
+    /// back). When the unlock freed the lock, the oldest live queued process is notified on its
+    /// own channel (the table's channel when none is), and dead listeners' rows are deleted.
+    release_q: String,
+    /// A process leaves the queue: `$1` name, `$2` its channel, `$3` pass: when the lock is
+    /// free, wake the next process in line; `$4` key.
+    leave: String,
+    /// Which of the keys `$1` (bigint[]) no session holds: their 1-based positions.
+    free: String,
+    /// The listener's heartbeat (see `postgres::beat_statement`).
+    beat: String,
+}
+
+impl QueueSql {
+    fn new(table: &str, channel: &str) -> QueueSql {
+        let mint = super::postgres::mint(
+            table,
+            "0",
+            "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint",
+        );
+        let try_q = format!(
+            "WITH t AS MATERIALIZED (SELECT pg_try_advisory_lock($1) AS got), \
+             g AS MATERIALIZED (SELECT CASE WHEN t.got THEN {mint} END AS tok FROM t), \
+             enq AS ( \
+               INSERT INTO {table}_waiters (name, channel, pid, started_us, since, beat) \
+               SELECT $2, $3::text, $4::integer, $5::bigint, clock_timestamp(), clock_timestamp() \
+               FROM t WHERE NOT t.got \
+               ON CONFLICT (name, channel) DO NOTHING), \
+             deq AS ( \
+               DELETE FROM {table}_waiters w USING t \
+               WHERE t.got AND w.name = $2 AND w.channel = $3::text) \
+             SELECT (SELECT g.tok FROM g)"
+        );
+        // `pick_head` reads the queue of `$1` when the CTE `fr` has a row.
+        let head = super::postgres::pick_head(table, "", true);
+        let release_q = format!(
+            "WITH u AS MATERIALIZED (SELECT pg_advisory_unlock($2) AS freed), \
+             fr AS MATERIALIZED (SELECT 1 AS f FROM u WHERE u.freed), \
+             enq AS ( \
+               INSERT INTO {table}_waiters (name, channel, pid, started_us, since, beat) \
+               SELECT $1, $3::text, $4::integer, $5::bigint, clock_timestamp(), clock_timestamp() \
+               FROM u WHERE u.freed AND $3::text IS NOT NULL \
+               ON CONFLICT (name, channel) DO NOTHING), \
+             {head} \
+             SELECT u.freed, CASE WHEN u.freed THEN \
+                      pg_notify(coalesce((SELECT channel FROM head), '{channel}'), \
+                                encode($1, 'hex'))::text END \
+             FROM u"
+        );
+        let no_flush = super::postgres::NO_FLUSH_WAIT;
+        let held = held_where("l", "$4::bigint");
+        let head = super::postgres::pick_head(table, " AND w.channel <> $2::text", true);
+        let leave = format!(
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {no_flush} AS sc), \
+             d AS (DELETE FROM {table}_waiters WHERE name = $1 AND channel = $2::text), \
+             fr AS MATERIALIZED ( \
+               SELECT 1 AS f FROM c WHERE $3::boolean \
+                 AND NOT EXISTS (SELECT 1 FROM pg_locks l WHERE {held})), \
+             {head} \
+             SELECT pg_notify(coalesce((SELECT channel FROM head), '{channel}'), \
+                              encode($1, 'hex'))::text \
+             FROM fr"
+        );
+        let held = held_where("l", "n.k");
+        let free = format!(
+            "WITH l AS MATERIALIZED (SELECT * FROM pg_locks WHERE locktype = 'advisory') \
+             SELECT n.i FROM unnest($1::bigint[]) WITH ORDINALITY AS n(k, i) \
+             WHERE NOT EXISTS (SELECT 1 FROM l WHERE {held})"
+        );
+        QueueSql {
+            try_q,
+            release_q,
+            leave,
+            free,
+            beat: super::postgres::beat_statement(table, true),
+        }
+    }
+}
 
 /// The advisory-lock key of lock `name` in the backend whose table is `table`: 64-bit FNV-1a
 /// (offset basis 0xcbf29ce484222325, prime 0x100000001b3) of the table name's bytes, one NUL
@@ -128,6 +243,7 @@ pub(crate) struct Advisory {
     /// Holds given back lately, per (name, owner), with when: a release of the owner sent again
     /// (its first answer was lost to its caller) is answered `Freed`, not `NotOwner`.
     released: Mutex<HashMap<(String, String), std::time::Instant>>,
+    queue: QueueSql,
 }
 
 impl std::fmt::Debug for Advisory {
@@ -152,12 +268,81 @@ impl Advisory {
             held: Mutex::new(HashMap::new()),
             next_generation: std::sync::atomic::AtomicU64::new(1),
             table: table.to_string(),
-            channel,
             op_timeout,
             connect_timeout,
             rt: OwnRuntime::start()?,
             released: Mutex::new(HashMap::new()),
+            queue: QueueSql::new(table, &channel),
+            channel,
         })
+    }
+
+    /// The leave statement of `name` for the process whose channel is `channel` (`pass`: wake
+    /// the next process in line when the lock is free), on the dedicated session: a try of this
+    /// process whose caller went away may still be running there, and its insert of the
+    /// process's row must not come after the deletion (one session runs its statements in the
+    /// order they were sent; on a pooled connection the leave could overtake it and leave the
+    /// row behind until a release finds its heartbeat stale).
+    pub(crate) async fn leave(
+        &self,
+        name: &str,
+        channel: &str,
+        pass: bool,
+    ) -> Result<(), LockError> {
+        let key = advisory_key(&self.table, name);
+        let guard = self.live_session(name).await?;
+        let client = &guard.as_ref().expect("live session").client;
+        bounded(
+            name,
+            "the leave statement",
+            self.op_timeout,
+            client.query_typed(
+                &self.queue.leave,
+                &[
+                    (&name.as_bytes(), Type::BYTEA),
+                    (&channel, Type::TEXT),
+                    (&pass, Type::BOOL),
+                    (&key, Type::INT8),
+                ],
+            ),
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The listener's heartbeat in this mode.
+    pub(crate) fn beat_sql(&self) -> &str {
+        &self.queue.beat
+    }
+
+    /// Which of `keys` no session holds (see [`QueueSql::free`]).
+    pub(crate) fn free_sql(&self) -> &str {
+        &self.queue.free
+    }
+
+    /// The key of `name` (see [`advisory_key`]).
+    pub(crate) fn key(&self, name: &str) -> i64 {
+        advisory_key(&self.table, name)
+    }
+
+    /// Whether a try of `owner` for `name` is answered from this process's own holds (held by
+    /// another caller here, a re-entry, or its own try still pending) rather than by a fresh
+    /// `pg_try_advisory_lock`: such a try does not queue the process (the release here queues
+    /// it when its callers still wait).
+    pub(crate) fn answered_here(&self, name: &str, owner: &str) -> bool {
+        self.held_live(name)
+            .get(name)
+            .is_some_and(|h| h.owner == owner || !h.pending)
+    }
+
+    /// Whether the release of `owner` (`all`: every hold, `keep`: `hold_at_least` keeps it)
+    /// would give the lock back now: its callers that still wait then queue behind the others.
+    pub(crate) fn release_frees(&self, name: &str, owner: &str, all: bool, keep: bool) -> bool {
+        !keep
+            && self
+                .held()
+                .get(name)
+                .is_some_and(|h| h.owner == owner && !h.pending && (h.count == 1 || all))
     }
 
     fn held(&self) -> std::sync::MutexGuard<'_, HashMap<String, Held>> {
@@ -382,7 +567,15 @@ impl Advisory {
         held
     }
 
-    pub(crate) async fn try_acquire(&self, name: &str, owner: &str) -> Result<Acquired, LockError> {
+    /// One try of `owner` for `name`; `me`: the identity under which this process queues for
+    /// the name (its callers wait for it, the FIFO is on): a busy answer queues the process,
+    /// a grant takes it out of the queue, in the same statement.
+    pub(crate) async fn try_acquire(
+        &self,
+        name: &str,
+        owner: &str,
+        me: Option<&Me>,
+    ) -> Result<Acquired, LockError> {
         let mine = {
             let held = self.held_live(name);
             match held.get(name) {
@@ -468,32 +661,48 @@ impl Advisory {
         );
         // The token rule's floor (see `mint`): the sequence, moved forward to the server's
         // clock in µs when it is behind.
-        let sql = format!(
-            "SELECT CASE WHEN pg_try_advisory_lock($1) THEN {} END",
-            super::postgres::mint(
-                &self.table,
-                "0",
-                "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
-            )
-        );
+        let sql = match me {
+            Some(_) => self.queue.try_q.clone(),
+            None => format!(
+                "SELECT CASE WHEN pg_try_advisory_lock($1) THEN {} END",
+                super::postgres::mint(
+                    &self.table,
+                    "0",
+                    "(extract(epoch FROM clock_timestamp()) * 1000000)::bigint"
+                )
+            ),
+        };
         // A holder name set since the session opened renames the session in the same
         // statement (no round trip added).
         let app_name = crate::holder::application_name();
         let rename = guard.as_ref().expect("live session").app_name != app_name;
+        let app = app_name.as_str();
+        let name_b = name.as_bytes();
+        let mut params: Vec<(&(dyn tokio_postgres::types::ToSql + Sync), Type)> =
+            vec![(&key, Type::INT8)];
+        if let Some(m) = me {
+            params.extend([
+                (
+                    &name_b as &(dyn tokio_postgres::types::ToSql + Sync),
+                    Type::BYTEA,
+                ),
+                (&m.channel, Type::TEXT),
+                (&m.pid, Type::INT4),
+                (&m.started_us, Type::INT8),
+            ]);
+        }
         let sql = if rename {
-            format!("{sql}, set_config('application_name', $2, false)")
+            params.push((&app, Type::TEXT));
+            format!(
+                "{sql}, set_config('application_name', ${}, false)",
+                params.len()
+            )
         } else {
             sql
         };
         let r = {
             let client = &guard.as_ref().expect("live session").client;
-            let app = app_name.as_str();
-            let params: &[(&(dyn tokio_postgres::types::ToSql + Sync), Type)] = if rename {
-                &[(&key, Type::INT8), (&app, Type::TEXT)]
-            } else {
-                &[(&key, Type::INT8)]
-            };
-            tokio::time::timeout(self.op_timeout, client.query_typed(&sql, params)).await
+            tokio::time::timeout(self.op_timeout, client.query_typed(&sql, &params)).await
         };
         if rename
             && matches!(r, Ok(Ok(_)))
@@ -568,16 +777,16 @@ impl Advisory {
         }
     }
 
-    /// Gives back the lock of `owner` taken on the session of `generation` (`notify`: wake
-    /// waiters), on the backend's own runtime, and forgets the hold once that is confirmed: the
-    /// unlock answered, or the session that held it is gone (ended, which frees it). Returns
-    /// whether the session held it.
+    /// Gives back the lock of `owner` taken on the session of `generation` (`wake`: whom a
+    /// release that frees it wakes), on the backend's own runtime, and forgets the hold once
+    /// that is confirmed: the unlock answered, or the session that held it is gone (ended, which
+    /// frees it). Returns whether the session held it.
     fn give_back(
         self: &std::sync::Arc<Self>,
         name: &str,
         owner: &str,
         generation: u64,
-        notify: bool,
+        wake: Wake,
     ) -> tokio::task::JoinHandle<Result<bool, LockError>> {
         let (me, name, owner) = (self.clone(), name.to_string(), owner.to_string());
         self.rt.handle.spawn(async move {
@@ -606,26 +815,67 @@ impl Advisory {
             }
             let key = advisory_key(&me.table, &name);
             // The name travels as bytea: text cannot carry a NUL byte, a valid lock name can.
-            let sql = if notify {
-                format!(
-                    "SELECT pg_advisory_unlock($1), pg_notify('{}', encode($2, 'hex'))::text",
-                    me.channel
-                )
-            } else {
-                "SELECT pg_advisory_unlock($1), length($2)".to_string()
+            let name_b = name.as_bytes();
+            let plain = format!(
+                "SELECT pg_advisory_unlock($1), pg_notify('{}', encode($2, 'hex'))::text",
+                me.channel
+            );
+            let plain_params: [(&(dyn tokio_postgres::types::ToSql + Sync), Type); 2] =
+                [(&key, Type::INT8), (&name_b, Type::BYTEA)];
+            let r = match &wake {
+                Wake::Table => None,
+                Wake::Fifo(queue_as) => {
+                    let (ch, pid, started) = match queue_as {
+                        Some(m) => (Some(m.channel.as_str()), Some(m.pid), Some(m.started_us)),
+                        None => (None, None, None),
+                    };
+                    let client = &guard.as_ref().expect("live session").client;
+                    let r = tokio::time::timeout(
+                        me.op_timeout,
+                        client.query_typed(
+                            &me.queue.release_q,
+                            &[
+                                (&name_b, Type::BYTEA),
+                                (&key, Type::INT8),
+                                (&ch, Type::TEXT),
+                                (&pid, Type::INT4),
+                                (&started, Type::INT8),
+                            ],
+                        ),
+                    )
+                    .await;
+                    match r {
+                        Ok(Ok(rows)) => Some(Ok(rows)),
+                        // A SQL error (the waiters table changed under us): the plain unlock
+                        // below, on the same session (an unlock the failed statement did is not
+                        // rolled back; the plain one then answers false).
+                        Ok(Err(e)) if e.as_db_error().is_some() && !client.is_closed() => {
+                            tracing::debug!(key = %name, error = %e, "dlock: advisory release through the waiters' queue failed; unlocking without it");
+                            None
+                        }
+                        Ok(Err(e)) => Some(Err(LockError::backend(&name, e))),
+                        Err(_) => Some(Err(LockError::backend(
+                            &name,
+                            super::SqlTimeout {
+                                what: "pg_advisory_unlock",
+                                after: me.op_timeout,
+                            },
+                        ))),
+                    }
+                }
             };
-            let r = {
-                let client = &guard.as_ref().expect("live session").client;
-                bounded(
-                    &name,
-                    "pg_advisory_unlock",
-                    me.op_timeout,
-                    client.query_typed(
-                        &sql,
-                        &[(&key, Type::INT8), (&name.as_bytes(), Type::BYTEA)],
-                    ),
-                )
-                .await
+            let r = match r {
+                Some(r) => r,
+                None => {
+                    let client = &guard.as_ref().expect("live session").client;
+                    bounded(
+                        &name,
+                        "pg_advisory_unlock",
+                        me.op_timeout,
+                        client.query_typed(&plain, &plain_params),
+                    )
+                    .await
+                }
             };
             match r {
                 Ok(rows) => {
@@ -655,8 +905,15 @@ impl Advisory {
         owner: &str,
         keep_for: Option<Duration>,
         all: bool,
+        wake: Wake,
     ) -> Result<Released, LockError> {
         let keep = keep_for.filter(|k| !k.is_zero());
+        // A give-back other than this release's own (a pending try's, or after `keep`) does
+        // not queue this process's waiters.
+        let other = match &wake {
+            Wake::Table => Wake::Table,
+            Wake::Fifo(_) => Wake::Fifo(None),
+        };
         // (generation, whether it is a pending try's)
         let (generation, pending) = {
             let mut held = self.held_live(name);
@@ -693,7 +950,7 @@ impl Advisory {
             // The give-back of a try whose answer was not read: unlock whatever it took,
             // behind it on the session.
             let took = self
-                .give_back(name, owner, generation, true)
+                .give_back(name, owner, generation, other)
                 .await
                 .map_err(|e| LockError::backend(name, e))??;
             return Ok(if took {
@@ -704,7 +961,7 @@ impl Advisory {
         }
         match keep {
             None => {
-                self.give_back(name, owner, generation, true)
+                self.give_back(name, owner, generation, wake)
                     .await
                     .map_err(|e| LockError::backend(name, e))??;
             }
@@ -718,7 +975,7 @@ impl Advisory {
                         h.owner == owner && h.generation == generation && h.count == 0 && !h.pending
                     });
                     if still {
-                        let _ = me.give_back(&name, &owner, generation, true).await;
+                        let _ = me.give_back(&name, &owner, generation, other).await;
                     }
                 });
             }

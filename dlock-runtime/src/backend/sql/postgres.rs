@@ -14,7 +14,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, NoTls, Row};
 use tokio_util::sync::CancellationToken;
 
-use super::pg_advisory::{Advisory, RECHECK};
+use super::pg_advisory::{Advisory, RECHECK, Wake};
 use super::{DEFAULT_TABLE, bounded, check_table, micros, redact_url};
 use crate::LockError;
 use crate::backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
@@ -215,7 +215,7 @@ const FLUSH_WAIT: &str = "set_config('synchronous_commit', \
 
 /// `set_config('synchronous_commit', 'off', true)`: for the statement's own (implicit)
 /// transaction only, its commit does not wait for the WAL flush.
-const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
+pub(crate) const NO_FLUSH_WAIT: &str = "set_config('synchronous_commit', 'off', true)";
 
 /// `c.now` (a `timestamptz`) as µs since the Unix epoch, for the CTE `c` (`t.now` inside it).
 const US_OF_NOW: &str = "(extract(epoch FROM t.now) * 1000000)::bigint";
@@ -385,7 +385,7 @@ fn extend_statement(table: &str, grant_sc: &str, held_only: bool) -> String {
 /// queued) is at most [`BEAT_GRACE`] old, so a process that is alive for the server but does
 /// nothing (paused, its host cut off, a reused pid we may not read) stops heading the queue
 /// (sql.md #3). A row without a beat (queued by an older version) is judged by its session only.
-fn alive(w: &str, v4: bool) -> String {
+pub(crate) fn alive(w: &str, v4: bool) -> String {
     let beat = if v4 {
         format!(
             " AND ({w}.beat IS NULL OR {w}.beat > clock_timestamp() - interval '{} milliseconds')",
@@ -413,7 +413,7 @@ const STALL_AFTER: Duration = Duration::from_millis(500);
 /// The CTEs that pick the process to wake for a name freed when the CTE `fr` has a row: the
 /// oldest queued one (other than `$exclude`) whose listener is alive (`head`); the rows of dead
 /// listeners met on the way are deleted (`dead`).
-fn pick_head(table: &str, exclude: &str, v4: bool) -> String {
+pub(crate) fn pick_head(table: &str, exclude: &str, v4: bool) -> String {
     let alive = alive("w", v4);
     format!(
         "live AS MATERIALIZED ( \
@@ -430,7 +430,20 @@ fn pick_head(table: &str, exclude: &str, v4: bool) -> String {
 /// may be queued: `$1` the names, `$2` its channel. Returns each name with whether its row was
 /// there (renewed) and whether the name has been free for [`STALL_AFTER`] at least (the process
 /// the release woke is not acting: this one tries instead).
-fn beat_statement(table: &str) -> String {
+///
+/// `advisory`: advisory-lock mode, where a name has no row to tell how long it has been free;
+/// the third column is `false` there, and the mode's re-check (`Advisory::free_sql`) wakes a
+/// waiter of a name it found free at two checks in a row instead.
+pub(crate) fn beat_statement(table: &str, advisory: bool) -> String {
+    if advisory {
+        return format!(
+            "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
+             b AS (UPDATE {table}_waiters w SET beat = c.now FROM c \
+                   WHERE w.name = ANY($1::bytea[]) AND w.channel = $2::text RETURNING w.name) \
+             SELECT n.name, EXISTS (SELECT 1 FROM b WHERE b.name = n.name), false \
+             FROM unnest($1::bytea[]) AS n(name), c"
+        );
+    }
     format!(
         "WITH c AS MATERIALIZED (SELECT clock_timestamp() AS now, {NO_FLUSH_WAIT} AS sc), \
          b AS (UPDATE {table}_waiters w SET beat = c.now FROM c \
@@ -774,7 +787,7 @@ impl Sql {
             release_light: release_light_statement(table, &channel, true),
             cleanup: cleanup_statement(table, true),
             leave: leave_statement(table, &channel, true),
-            beat: beat_statement(table),
+            beat: beat_statement(table, false),
         };
         let functions = functions(table, durable);
         // Rows idle this long can be deleted: a statement that took a sequence number before the
@@ -875,8 +888,10 @@ impl PostgresBackendBuilder {
     /// story). A lock dies with the session; holders hear `lost()` at their next renewal.
     /// Refused with [`LockError::Config`] behind a transaction-mode pooler (detected at connect
     /// by two `pg_backend_pid()` calls that disagree). The table's sequence still mints the
-    /// fencing tokens and `NOTIFY` still wakes waiters. Needs the connection settings (a URL, or
-    /// [`PostgresBackendBuilder::listen_config`] with a caller's pool).
+    /// fencing tokens, `NOTIFY` still wakes waiters, and waiting processes queue in the
+    /// waiters' FIFO as in the lock-table mode (see [`PostgresBackendBuilder::fifo_wakeups`]).
+    /// Needs the connection settings (a URL, or [`PostgresBackendBuilder::listen_config`] with
+    /// a caller's pool).
     pub fn advisory(mut self, on: bool) -> Self {
         self.advisory = on;
         self
@@ -931,9 +946,10 @@ impl PostgresBackendBuilder {
 
     /// Whether waiting processes queue in the table `<table>_waiters` so that a release wakes
     /// only the process that has waited longest (default true; see "PostgreSQL waiting" in
-    /// docs/postgres.md). Off, or when the waiters table is missing (`create_schema(false)` with an older
-    /// schema), or when the listener cannot keep one server session (a transaction-mode
-    /// pooler), every release wakes one waiter in every process (the v1 behaviour).
+    /// docs/postgres.md), in both modes. Off, or when the waiters table is missing
+    /// (`create_schema(false)` with an older schema), or when the listener cannot keep one
+    /// server session (a transaction-mode pooler), every release wakes one waiter in every
+    /// process (the v1 behaviour).
     pub fn fifo_wakeups(mut self, on: bool) -> Self {
         self.fifo_wakeups = on;
         self
@@ -1265,7 +1281,6 @@ impl PostgresBackendBuilder {
                 .store(holder, std::sync::atomic::Ordering::Relaxed);
         }
         let mut fifo = self.fifo_wakeups
-            && !self.advisory
             && backend.inner.listen_config.is_some()
             && backend.waiters_table_exists().await?;
         if !self.advisory && self.server_functions != Some(false) {
@@ -1480,10 +1495,10 @@ impl Drop for QueuedTry<'_> {
 /// The identity of a listening session, by which this process queues: its own channel
 /// `dlock_w<pid>_<start µs>`, its pid and its start (so a reused pid is not taken for it).
 #[derive(Debug, PartialEq, Eq)]
-struct Me {
-    channel: String,
-    pid: i32,
-    started_us: i64,
+pub(crate) struct Me {
+    pub(crate) channel: String,
+    pub(crate) pid: i32,
+    pub(crate) started_us: i64,
 }
 
 /// The waiters' FIFO state of one backend (shared with its listener).
@@ -1852,13 +1867,17 @@ impl PostgresBackend {
         let b = self.clone();
         let name = name.to_string();
         rt.spawn(async move {
-            let sql = if b.uses_server_functions() {
-                &b.inner.sql.functions.fifo.leave
+            let r = if let Some(a) = &b.inner.advisory {
+                // Advisory mode: on the dedicated session, behind any try of this process
+                // still running there; the name's lock is free when no session holds its key.
+                a.leave(&name, &me.channel, pass).await
             } else {
-                &b.inner.sql.fifo.leave
-            };
-            let r = b
-                .query(
+                let sql = if b.uses_server_functions() {
+                    &b.inner.sql.functions.fifo.leave
+                } else {
+                    &b.inner.sql.fifo.leave
+                };
+                b.query(
                     &name,
                     "the leave statement",
                     sql,
@@ -1868,7 +1887,9 @@ impl PostgresBackend {
                         (&pass, Type::BOOL),
                     ],
                 )
-                .await;
+                .await
+                .map(drop)
+            };
             if let Err(e) = r {
                 tracing::debug!(key = %name, error = %e, "dlock: PostgreSQL leave of the waiters' queue failed");
             }
@@ -2051,9 +2072,13 @@ impl PostgresBackend {
         });
     }
 
-    /// Advisory mode: a lock freed by a dying session sends no NOTIFY, so while there are local
-    /// waiters one task wakes the first waiter of each name every `RECHECK` (500 ms). It runs
-    /// until the backend is dropped (or its runtime shuts down: the next `watch` restarts it).
+    /// Advisory mode: a lock freed by a dying session sends no NOTIFY, and a process a release
+    /// notified may be paused, so while there are local waiters one task reads every `RECHECK`
+    /// (500 ms) which of their names no session holds (`pg_locks`, on the pool: no try, nothing
+    /// taken) and wakes the first waiter of a name found free at two checks in a row (a hand-off
+    /// under way leaves a name free for a moment only). A check that fails wakes the first
+    /// waiter of every name instead, as every check did before. It runs until the backend is
+    /// dropped (or its runtime shuts down: the next `watch` restarts it).
     fn ensure_rechecking(&self) {
         let mut slot = self
             .inner
@@ -2066,18 +2091,60 @@ impl PostgresBackend {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let waiters = Arc::downgrade(&self.inner.waiters);
+        let inner = Arc::downgrade(&self.inner);
         let cancel = self.inner.cancel.clone();
         *slot = Some(rt.spawn(async move {
+            let mut free_before = std::collections::HashSet::<String>::new();
             loop {
                 tokio::select! {
                     _ = cancel.cancelled() => return,
                     _ = tokio::time::sleep(RECHECK) => {}
                 }
-                let Some(w) = waiters.upgrade() else { return };
-                w.wake_first_of_each();
+                let Some(inner) = inner.upgrade() else { return };
+                let b = PostgresBackend { inner };
+                let names = b.inner.waiters.names();
+                if names.is_empty() {
+                    free_before.clear();
+                    continue;
+                }
+                match b.free_names(&names).await {
+                    Some(free) => {
+                        for n in &free {
+                            if free_before.contains(n) {
+                                b.inner.waiters.wake_one_unless_pending(n);
+                            }
+                        }
+                        free_before = free;
+                    }
+                    None => {
+                        free_before.clear();
+                        b.inner.waiters.wake_first_of_each();
+                    }
+                }
             }
         }));
+    }
+
+    /// Advisory mode: which of `names` no session holds now; `None` when the check failed.
+    async fn free_names(&self, names: &[String]) -> Option<std::collections::HashSet<String>> {
+        let a = self.inner.advisory.as_ref()?;
+        let keys: Vec<i64> = names.iter().map(|n| a.key(n)).collect();
+        let rows = self
+            .query(
+                "",
+                "the advisory re-check",
+                a.free_sql(),
+                &[(&keys, Type::INT8_ARRAY)],
+            )
+            .await
+            .map_err(|e| tracing::debug!(error = %e, "dlock: advisory re-check failed"))
+            .ok()?;
+        let mut free = std::collections::HashSet::new();
+        for r in rows {
+            let i: i64 = r.try_get(0).ok()?;
+            free.insert(names.get(usize::try_from(i).ok()?.checked_sub(1)?)?.clone());
+        }
+        Some(free)
     }
 
     /// Starts the listener when it is not running; true when it is listening (waits up to the
@@ -2222,7 +2289,10 @@ async fn listen_loop(
                 if let Some(w) = waiters.upgrade() {
                     w.wake_all();
                 }
-                let beat_sql = inner.upgrade().map(|i| i.sql.fifo.beat.clone());
+                let beat_sql = inner.upgrade().map(|i| match &i.advisory {
+                    Some(a) => a.beat_sql().to_string(),
+                    None => i.sql.fifo.beat.clone(),
+                });
                 let mut missing = std::collections::HashSet::new();
                 loop {
                     tokio::select! {
@@ -2452,7 +2522,25 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
             if let Some(a) = &self.inner.advisory {
-                return a.try_acquire(name, owner).await;
+                // Queued, as in the lock-table mode, only when callers here wait for the name.
+                let me = if a.answered_here(name, owner) {
+                    None
+                } else {
+                    self.queue_as(name)
+                };
+                let Some(m) = me else {
+                    return a.try_acquire(name, owner, None).await;
+                };
+                self.before_queueing(name, &m).await;
+                let mut after = QueuedTry {
+                    b: self,
+                    name,
+                    me: &m,
+                    granted: false,
+                };
+                let r = a.try_acquire(name, owner, Some(&m)).await;
+                after.granted = matches!(r, Ok(Acquired::Granted { .. }));
+                return r;
             }
             let ttl_us = micros(ttl);
             let q = &self.inner.queueing;
@@ -2573,7 +2661,34 @@ impl Backend for PostgresBackend {
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
             if let Some(a) = &self.inner.advisory {
-                return a.release(name, owner, keep_for, all).await;
+                let fifo = self
+                    .inner
+                    .queueing
+                    .fifo
+                    .load(std::sync::atomic::Ordering::Relaxed);
+                if !fifo {
+                    return a.release(name, owner, keep_for, all, Wake::Table).await;
+                }
+                // A release that frees the lock while callers here wait for it queues this
+                // process behind the others, as in the lock-table mode.
+                let keep = keep_for.is_some_and(|k| !k.is_zero());
+                let me = if a.release_frees(name, owner, all, keep) {
+                    self.queue_as(name)
+                } else {
+                    None
+                };
+                if let Some(m) = &me {
+                    self.before_queueing(name, m).await;
+                }
+                let _after = me.as_ref().map(|m| QueuedTry {
+                    b: self,
+                    name,
+                    me: m,
+                    granted: false,
+                });
+                return a
+                    .release(name, owner, keep_for, all, Wake::Fifo(me.clone()))
+                    .await;
             }
             super::release_until_confirmed(self, name, owner, keep_for, all).await
         })
