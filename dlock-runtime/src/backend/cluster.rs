@@ -18,8 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
     QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, Stalls, on_release_message,
-    stall_pass_args,
-    redact_url,
+    redact_url, stall_pass_args,
 };
 use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
 use crate::LockError;

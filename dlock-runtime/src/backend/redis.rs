@@ -827,7 +827,10 @@ impl SubTask {
     async fn fire_stalls(&mut self) {
         let queues = self.queues.upgrade();
         for (ch, id) in self.stall.due(queues.as_deref()) {
-            let r = match (stall_pass_args(&ch, &self.queueing.id, &id), self.conn.as_mut()) {
+            let r = match (
+                stall_pass_args(&ch, &self.queueing.id, &id),
+                self.conn.as_mut(),
+            ) {
                 (Some([lock, queue, me, channel, mode, id, after]), Some(con)) => {
                     let mut cmd = scripts::evalsha(&scripts::WAKE, 2, 7, 3 * ch.len() + 80);
                     cmd.arg(lock)
