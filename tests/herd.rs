@@ -89,6 +89,18 @@ async fn release_among_waiting_backends(
     )
 }
 
+/// Tries after one release among three waiting processes on a Redis-family engine: one (the
+/// woken process's), or two when that process took longer than the 100 ms stall bound to try
+/// (a loaded test machine) and its turn was passed on to the next one. A herd is one per process
+/// (3 here) or more.
+fn assert_one_process_tried(tries: &[u64]) {
+    let sum: u64 = tries.iter().sum();
+    assert!(
+        (1..=2).contains(&sum),
+        "tries per backend after one release: {tries:?} (one process woken: one try, two if its try was slower than the stall bound)"
+    );
+}
+
 async fn redis_backends(server: &RedisProc, n: usize) -> Vec<Arc<Counting>> {
     let mut v = Vec::new();
     for _ in 0..n {
@@ -107,11 +119,7 @@ async fn redis_one_release_wakes_one_process_of_three() {
     let backends = redis_backends(&server, 3).await;
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-one", 2, async {}).await;
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend after one release: {tries:?} (one process woken, one try)"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// Puts a dead process at the head of `queue` (live for 5 s by the server's clock, as a process
@@ -143,7 +151,7 @@ const STALLED_HEAD_BOUND: Duration = Duration::from_millis(350);
 /// the queue) is woken by the release and never tries: the turn goes to the next process in
 /// line within about one stall bound (not at the holder's lease end, 20 s, and not after a
 /// 500 ms timer as before), and only that process tries (before, every process woke a waiter
-/// after the timer: one try each). A stale entry (expired by the server's clock) is skipped
+/// after the timer: one try each, 3 here; see `assert_one_process_tried`). A stale entry (expired by the server's clock) is skipped
 /// without costing anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_a_dead_queue_head_costs_one_short_stall_and_one_try() {
@@ -160,11 +168,7 @@ async fn redis_a_dead_queue_head_costs_one_short_stall_and_one_try() {
         took < STALLED_HEAD_BOUND,
         "hand-off after the dead process was woken took {took:?}"
     );
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend: {tries:?} (the turn passed on to one process)"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// The same on Redlock: the dead process heads the queue on every node.
@@ -193,11 +197,7 @@ async fn redlock_a_dead_queue_head_costs_one_short_stall() {
         took < STALLED_HEAD_BOUND,
         "hand-off after the dead process was woken took {took:?}"
     );
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend: {tries:?} (the turn passed on to one process)"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// Redlock (3 nodes): three processes (backends) with two waiters each; one release: one try
@@ -219,11 +219,7 @@ async fn redlock_one_release_wakes_one_process_of_three() {
     }
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-redlock", 2, async {}).await;
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend after one release: {tries:?} (one process woken, one try)"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// A waiter that gives up removes its process's entry: once the last waiter of a backend timed
@@ -283,11 +279,7 @@ async fn sentinel_one_release_wakes_one_process_of_three() {
     }
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-sentinel", 2, async {}).await;
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend after one release: {tries:?}"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// The same on Redis Cluster (the queue key is in the lock's slot; SPUBLISH): three
@@ -307,11 +299,7 @@ async fn cluster_one_release_wakes_one_process_of_three() {
     }
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-cluster", 2, async {}).await;
-    assert_eq!(
-        tries.iter().sum::<u64>(),
-        1,
-        "tries per backend after one release: {tries:?}"
-    );
+    assert_one_process_tried(&tries);
 }
 
 /// The stalled-head case on Redis Cluster (its subscriber task passes the turn on as the
@@ -340,7 +328,7 @@ async fn cluster_a_dead_queue_head_costs_one_short_stall_and_one_try() {
         took < STALLED_HEAD_BOUND,
         "hand-off after the dead process was woken took {took:?}"
     );
-    assert_eq!(tries.iter().sum::<u64>(), 1, "tries per backend: {tries:?}");
+    assert_one_process_tried(&tries);
 }
 
 /// etcd: three backends with two waiters each, then one backend with four: one release wakes
