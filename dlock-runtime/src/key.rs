@@ -72,7 +72,8 @@ pub(crate) fn suffixed(lock: &str, suffix: &str) -> String {
 pub(crate) const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the release channel after the lock key.
 pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
-/// Suffix of the waiters' queue after the lock key (a zset: waiting process id -> expiry).
+/// Suffix of the waiters' queue after the lock key (a zset: waiting process id -> expiry, and the
+/// turn record `~<id>` -> -(server ms of its wake-up), see release.lua).
 pub(crate) const QUEUE_SUFFIX: &str = ":q";
 
 /// Suffix of a read-write lock's state hash after the lock key (see `scripts/rw.lua`).
@@ -109,7 +110,7 @@ pub struct RedisKeys {
 /// | lock (hash `owner -> hold count`, plus field `:fence`) | `dlock:{E}` | `dlock:{order:42}` |
 /// | fencing counter (string, kept past release) | `dlock:{E}:fence` | `dlock:{order:42}:fence` |
 /// | release channel (pub/sub) | `dlock:{E}:rel` | `dlock:{order:42}:rel` |
-/// | waiters' queue (zset `process id -> expiry`, while processes wait) | `dlock:{E}:q` | `dlock:{order:42}:q` |
+/// | waiters' queue (zset `process id -> expiry` and the last turn `~id -> -woken at`, while processes wait) | `dlock:{E}:q` | `dlock:{order:42}:q` |
 ///
 /// `E` never contains `}`, so the Redis Cluster hash tag is exactly `E`: all four names of one lock
 /// live in one slot, user input cannot move the slot, and the escaping is injective, so no name's

@@ -7,7 +7,7 @@ pub(crate) mod admin;
 mod rw;
 mod semaphore;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::fmt;
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 use std::time::Duration;
@@ -19,8 +19,8 @@ use redis::{ErrorKind, ProtocolVersion, PushInfo, PushKind, RedisError, Script, 
 use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
-    QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, on_release_message,
-    redact_url,
+    QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, Stalls, on_release_message,
+    redact_url, stall_pass_args,
 };
 use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
@@ -649,7 +649,7 @@ impl ClusterBackend {
         let queueing_for_task = queueing.clone();
         handle.spawn(async move {
             // Stall timers by channel (see `redis::STALL_AFTER`), and leaves to send.
-            let mut stall: HashMap<String, Instant> = HashMap::new();
+            let mut stall = Stalls::default();
             let mut leaves: Vec<(String, bool)> = Vec::new();
             // Channels the server confirmed (and that we did not unsubscribe since).
             let mut subscribed: HashSet<String> = HashSet::new();
@@ -671,7 +671,7 @@ impl ClusterBackend {
                         }
                     }
                     _ = async {
-                        match [retry_at, stall.values().min().copied()].into_iter().flatten().min() {
+                        match [retry_at, stall.next()].into_iter().flatten().min() {
                             Some(t) => tokio::time::sleep_until(t).await,
                             None => std::future::pending().await,
                         }
@@ -704,29 +704,49 @@ impl ClusterBackend {
                                 retry_at = Some(Instant::now());
                             }
                         }
-                        Ctl::Stall(StallCtl::Arm(ch)) => {
-                            stall.insert(ch, Instant::now() + STALL_AFTER);
+                        Ctl::Stall(StallCtl::Arm(ch, id)) => {
+                            stall.arm(ch, id, Instant::now() + STALL_AFTER);
                         }
                         Ctl::Stall(StallCtl::Disarm(ch)) => {
-                            stall.remove(&ch);
+                            stall.disarm(&ch);
                         }
                         Ctl::Stall(StallCtl::PassOn(ch)) => leaves.push((ch, true)),
                         Ctl::Leave(ch, pass) => leaves.push((ch, pass)),
                     }
                 }
                 let queues = queues_for_task.upgrade();
-                // Stall timers that ran out: the process a release woke did not try.
-                let now = Instant::now();
-                stall.retain(|ch, t| {
-                    if *t > now {
-                        return true;
-                    }
-                    if let Some(q) = &queues {
-                        tracing::debug!(channel = %ch, "dlock: the process a release woke did not try; waking a waiter here");
-                        q.wake_one_unless_pending(ch);
-                    }
-                    false
-                });
+                // Stall timers that ran out: the process a release woke did not try; the turn
+                // is passed on by the server (see `redis::STALL_AFTER`).
+                for (ch, id) in stall.due(queues.as_deref()) {
+                    let r = match (
+                        stall_pass_args(&ch, &queueing_for_task.id, &id),
+                        inner_for_task.upgrade(),
+                    ) {
+                        (Some([lock, queue, me, channel, mode, id, after]), Some(inner)) => {
+                            run_script(
+                                &inner,
+                                &mut pubsub,
+                                &WAKE,
+                                &[&lock, &queue],
+                                &[
+                                    me.as_bytes(),
+                                    channel.as_bytes(),
+                                    mode.as_bytes(),
+                                    id.as_bytes(),
+                                    after.as_bytes(),
+                                ],
+                                None,
+                            )
+                            .await
+                            .and_then(|(v, _)| Ok(redis::from_redis_value::<i64>(v)?))
+                        }
+                        _ => Err(RedisError::from((
+                            redis::ErrorKind::Io,
+                            "the backend is gone",
+                        ))),
+                    };
+                    stall.after_pass(queues.as_deref(), ch, id, r);
+                }
                 // Leaves of the waiters' queue (the `wake` script), before any unsubscription.
                 if !leaves.is_empty()
                     && let Some(inner) = inner_for_task.upgrade()

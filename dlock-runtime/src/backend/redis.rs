@@ -41,9 +41,6 @@ pub struct RedisBackendBuilder {
     response_timeout: Duration,
     connection_timeout: Duration,
     reconnect_retries: usize,
-    /// Whether waiting processes queue on the server (see "Waiting" on [`RedisBackend`]); off
-    /// for a Redlock node, whose releases wake every process.
-    queue: bool,
     /// Extra trusted root certificate (PEM) for `rediss://`, instead of the system store.
     #[cfg(feature = "tls")]
     tls_root_cert: Option<Vec<u8>>,
@@ -87,13 +84,6 @@ impl RedisBackendBuilder {
     #[cfg_attr(docsrs, doc(cfg(feature = "tls")))]
     pub fn tls_root_cert(mut self, pem: Vec<u8>) -> Self {
         self.tls_root_cert = Some(pem);
-        self
-    }
-
-    /// Waiting processes do not queue on the server: every release wakes one waiter in every
-    /// waiting process (a Redlock node: the Redlock backend merges the nodes' wake-ups itself).
-    pub(crate) fn without_queue(mut self) -> Self {
-        self.queue = false;
         self
     }
 
@@ -199,12 +189,16 @@ impl RedisBackendBuilder {
 /// waiters for a name queues on the server (the zset `dlock:{E}:q`, an entry per process with an
 /// expiry in server time) with each busy try, and with its release when waiters of its own remain.
 /// The release pops the oldest entry still live and publishes that process's id, and only that
-/// process wakes a waiter. The others arm a stall timer (`STALL_AFTER`, 500 ms) that the woken
-/// process's next try stops (each queued try publishes `t`): a woken process that is stopped or
-/// dead costs one stall of that length, after which every waiting process wakes one waiter. With
-/// nobody queued (or only stale entries) the release publishes to every process, as before. A
-/// process whose last waiter leaves removes its entry, and passes on a wake-up it got but cannot
-/// use (the `wake` script).
+/// process wakes a waiter; it also records that turn in the queue (`~<id>`, scored by the server's
+/// time of the wake-up, negated so that it sorts first). The others arm a stall timer (`STALL_AFTER`, 100 ms) that the woken process's next try
+/// stops (each queued try publishes `t`). A timer that runs out asks the server to pass the turn
+/// on (the `wake` script): if the name is still free and the turn is still that process's, woken
+/// at least `STALL_AFTER` ago by the server's clock, the next live entry is woken instead, once,
+/// whichever process asked first. So a woken process that is stopped or dead costs one stall of
+/// about 100 ms, and the lock goes to the next process in line, not to one waiter per process.
+/// With nobody queued (or only stale entries) the release publishes to every process, as before.
+/// A process whose last waiter leaves removes its entry, and passes on a wake-up it got but
+/// cannot use (the `wake` script).
 ///
 /// A lost pub/sub connection (closed, or silent past a `PING` every second while
 /// anyone waits) is replaced and every waited-for channel subscribed again with back-off; every
@@ -509,8 +503,12 @@ struct Subscriber {
 }
 
 /// How long a process that heard a release wake another process waits for that process's try
-/// (its `t`) before it wakes a waiter of its own: the woken process may be stopped or dead.
-pub(crate) const STALL_AFTER: Duration = Duration::from_millis(500);
+/// (its `t`) before it asks the server to pass the turn on (the `wake` script, mode `s`): the
+/// woken process may be stopped, dead or slow. The server passes it only when the turn is at
+/// least this old by its own clock. A woken process slower than this loses its turn (its late
+/// try still takes the lock if it is free, or queues it again at the back): one extra wake-up,
+/// never a herd. The Redis family's wake-up bound for a stopped queue head (issue 19).
+pub(crate) const STALL_AFTER: Duration = Duration::from_millis(100);
 /// How long the entry a release queues for the releasing process's own waiters lives (their
 /// next busy try renews it).
 pub(crate) const QUEUE_LIFE: Duration = Duration::from_secs(30);
@@ -616,7 +614,8 @@ pub(crate) fn on_release_message(
         }
         Heard::Other => {
             if queues.has_waiters(channel) {
-                ctl(StallCtl::Arm(channel.to_string()));
+                let id = String::from_utf8_lossy(&payload[1..]).into_owned();
+                ctl(StallCtl::Arm(channel.to_string(), id));
             }
         }
         Heard::Tried => ctl(StallCtl::Disarm(channel.to_string())),
@@ -633,9 +632,96 @@ pub(crate) fn on_release_message(
 /// What a release message asks of the subscriber task (see [`on_release_message`]).
 #[derive(Debug)]
 pub(crate) enum StallCtl {
-    Arm(String),
+    /// Another process (the id) was woken on the channel: wait for its try.
+    Arm(String, String),
     Disarm(String),
     PassOn(String),
+}
+
+/// The stall timers of one subscriber (see [`STALL_AFTER`]), shared by the single-node and
+/// cluster subscriber tasks: by channel, when the timer runs out and the id of the process whose
+/// try it waits for.
+#[derive(Default)]
+pub(crate) struct Stalls {
+    timers: HashMap<String, (Instant, String)>,
+}
+
+impl Stalls {
+    /// Arms (or re-arms) `channel`'s timer for the turn of process `id`, running out at `at`.
+    pub(crate) fn arm(&mut self, channel: String, id: String, at: Instant) {
+        self.timers.insert(channel, (at, id));
+    }
+
+    pub(crate) fn disarm(&mut self, channel: &str) {
+        self.timers.remove(channel);
+    }
+
+    /// When the next timer runs out.
+    pub(crate) fn next(&self) -> Option<Instant> {
+        self.timers.values().map(|(t, _)| *t).min()
+    }
+
+    /// Removes the timers that ran out and returns them as (channel, id), for the channels that
+    /// still have waiters here.
+    pub(crate) fn due(&mut self, queues: Option<&WaitQueues>) -> Vec<(String, String)> {
+        let now = Instant::now();
+        if !self.timers.values().any(|(t, _)| *t <= now) {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        self.timers.retain(|ch, (t, id)| {
+            if *t > now {
+                return true;
+            }
+            if queues.is_some_and(|q| q.has_waiters(ch)) {
+                out.push((ch.clone(), std::mem::take(id)));
+            }
+            false
+        });
+        out
+    }
+
+    /// Acts on the server's answer to a stall pass of `channel` (the `wake` script in mode `s`
+    /// for process `id`'s turn): negative, the turn is that many ms too young (asked again then);
+    /// 2 (no turn record: a release by an older version) or an error, a waiter here is woken,
+    /// as before turns were recorded; 0 or 1, nothing (the turn was taken, passed on now, or by
+    /// another process).
+    pub(crate) fn after_pass(
+        &mut self,
+        queues: Option<&WaitQueues>,
+        channel: String,
+        id: String,
+        r: Result<i64, RedisError>,
+    ) {
+        match r {
+            Ok(n) if n < 0 => {
+                let at = Instant::now() + Duration::from_millis(n.unsigned_abs().min(60_000));
+                self.arm(channel, id, at);
+            }
+            Ok(0) | Ok(1) => {}
+            Ok(_) | Err(_) => {
+                if let Some(q) = queues {
+                    tracing::debug!(channel = %channel, "dlock: the process a release woke did not try, and the turn could not be passed on; waking a waiter here");
+                    q.wake_one_unless_pending(&channel);
+                }
+            }
+        }
+    }
+}
+
+/// The `wake` script's keys and arguments for a stall pass of `channel`'s turn of process `id`
+/// (mode `s`): `[lock, queue]`, `[our id, channel, "s", id, STALL_AFTER in ms]`.
+pub(crate) fn stall_pass_args(channel: &str, our_id: &str, id: &str) -> Option<[String; 7]> {
+    let lock = channel.strip_suffix(key::CHANNEL_SUFFIX)?;
+    Some([
+        lock.to_string(),
+        key::suffixed(lock, key::QUEUE_SUFFIX),
+        our_id.to_string(),
+        channel.to_string(),
+        "s".to_string(),
+        id.to_string(),
+        ms(STALL_AFTER).to_string(),
+    ])
 }
 
 enum Ctl {
@@ -672,7 +758,7 @@ struct SubTask {
     client: Client,
     queueing: Arc<Queueing>,
     /// Stall timers by channel (see [`STALL_AFTER`]).
-    stall: HashMap<String, Instant>,
+    stall: Stalls,
     /// Leaves and pass-ons to send (see the `wake` script).
     leaves: Vec<(String, bool)>,
     config: AsyncConnectionConfig,
@@ -699,7 +785,7 @@ impl SubTask {
         loop {
             let check_at = (self.conn.is_some() && !self.confirmed.is_empty())
                 .then(|| self.last_check + PUBSUB_CHECK_EVERY);
-            let stall_at = self.stall.values().min().copied();
+            let stall_at = self.stall.next();
             let timer = [self.retry_at, check_at, stall_at]
                 .into_iter()
                 .flatten()
@@ -737,17 +823,17 @@ impl SubTask {
                             self.drop_conn();
                         }
                     }
-                    Ctl::Stall(StallCtl::Arm(ch)) => {
-                        self.stall.insert(ch, Instant::now() + STALL_AFTER);
+                    Ctl::Stall(StallCtl::Arm(ch, id)) => {
+                        self.stall.arm(ch, id, Instant::now() + STALL_AFTER);
                     }
                     Ctl::Stall(StallCtl::Disarm(ch)) => {
-                        self.stall.remove(&ch);
+                        self.stall.disarm(&ch);
                     }
                     Ctl::Stall(StallCtl::PassOn(ch)) => self.leaves.push((ch, true)),
                     Ctl::Leave(ch, pass) => self.leaves.push((ch, pass)),
                 }
             }
-            self.fire_stalls();
+            self.fire_stalls().await;
             self.send_leaves().await;
             let queues = self.queues.upgrade();
             for ch in idle {
@@ -764,23 +850,30 @@ impl SubTask {
         }
     }
 
-    /// Stall timers that ran out: the process a release woke did not try; a waiter here tries.
-    fn fire_stalls(&mut self) {
-        let now = Instant::now();
-        if !self.stall.values().any(|t| *t <= now) {
-            return;
-        }
+    /// Stall timers that ran out: the process a release woke did not try; the server is asked
+    /// to pass its turn on (see [`STALL_AFTER`]), on the pub/sub connection.
+    async fn fire_stalls(&mut self) {
         let queues = self.queues.upgrade();
-        self.stall.retain(|ch, t| {
-            if *t > now {
-                return true;
-            }
-            if let Some(q) = &queues {
-                tracing::debug!(channel = %ch, "dlock: the process a release woke did not try; waking a waiter here");
-                q.wake_one_unless_pending(ch);
-            }
-            false
-        });
+        for (ch, id) in self.stall.due(queues.as_deref()) {
+            let r = match (
+                stall_pass_args(&ch, &self.queueing.id, &id),
+                self.conn.as_mut(),
+            ) {
+                (Some([lock, queue, me, channel, mode, id, after]), Some(con)) => {
+                    let mut cmd = scripts::evalsha(&scripts::WAKE, 2, 7, 3 * ch.len() + 80);
+                    cmd.arg(lock)
+                        .arg(queue)
+                        .arg(me)
+                        .arg(channel)
+                        .arg(mode)
+                        .arg(id)
+                        .arg(after);
+                    scripts::run::<i64>(&scripts::WAKE, &cmd, con).await
+                }
+                _ => Err(RedisError::from((ErrorKind::Io, "no pub/sub connection"))),
+            };
+            self.stall.after_pass(queues.as_deref(), ch, id, r);
+        }
     }
 
     /// Leaves the waiters' queue of channels nobody here waits for any more, passing on an
@@ -1067,7 +1160,6 @@ impl RedisBackend {
             response_timeout: Duration::from_secs(3),
             connection_timeout: Duration::from_secs(1),
             reconnect_retries: 2,
-            queue: true,
             #[cfg(feature = "tls")]
             tls_root_cert: None,
         }
@@ -1165,9 +1257,9 @@ impl RedisBackend {
         let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
         // With queueing, the release wakes the queue's head (see "Waiting" on `RedisBackend`),
         // and queues this runtime behind the others when waiters of its own remain.
-        let queue = publish && self.inner.config.queue;
+        let queue = publish;
         let me = if queue {
-            self.queue_channel(&sub, &lock, false)
+            self.queue_channel(&sub, &lock)
         } else {
             None
         };
@@ -1308,7 +1400,7 @@ impl RedisBackend {
         let task = SubTask {
             client: self.inner.pubsub_client.clone(),
             queueing: queueing.clone(),
-            stall: HashMap::new(),
+            stall: Stalls::default(),
             leaves: Vec::new(),
             config: AsyncConnectionConfig::new()
                 .set_response_timeout(Some(c.response_timeout))
@@ -1621,13 +1713,13 @@ impl RedisBackend {
         let fence = key::suffixed(&lock, key::FENCE_SUFFIX);
         // A waiter's try (its process has waiters for the name) queues the process on a busy
         // answer (see "Waiting" on `RedisBackend`).
-        let queued = self.queue_channel(&sub, &lock, holder);
+        let queued = self.queue_channel(&sub, &lock);
         let mut cmd = match &queued {
             None => scripts::evalsha(&scripts::ACQUIRE, 2, 5, 2 * lock.len() + owner.len() + 30),
             Some(_) => scripts::evalsha(
                 &scripts::ACQUIRE,
                 3,
-                8,
+                9,
                 4 * lock.len() + owner.len() + sub.queueing.id.len() + 40,
             ),
         };
@@ -1638,6 +1730,9 @@ impl RedisBackend {
         cmd.arg(owner).arg(ms(ttl)).arg(ms(ttl + FENCE_GRACE));
         if let Some(channel) = &queued {
             cmd.arg(&sub.queueing.id).arg(channel);
+            if holder {
+                cmd.arg(1);
+            }
         } else if holder {
             cmd.arg(1);
         }
@@ -1712,10 +1807,10 @@ impl RedisBackend {
     }
 
     /// The release channel of `lock` when a call for it should queue this runtime on the
-    /// server: queueing is on, this runtime has waiters for the name and its subscriptions are
-    /// not refused (a waiter that cannot hear its turn must not take one).
-    fn queue_channel(&self, sub: &Subscriber, lock: &str, holder: bool) -> Option<String> {
-        if !self.inner.config.queue || holder || !sub.queues.any_waiters() || self.refused_now() {
+    /// server: this runtime has waiters for the name and its subscriptions are not refused (a
+    /// waiter that cannot hear its turn must not take one).
+    fn queue_channel(&self, sub: &Subscriber, lock: &str) -> Option<String> {
+        if !sub.queues.any_waiters() || self.refused_now() {
             return None;
         }
         let channel = key::suffixed(lock, key::CHANNEL_SUFFIX);

@@ -41,7 +41,15 @@
 //! * **Waiting.** Local waiters of a name share one subscription per node; a release publishes
 //!   on every node it freed, and those messages are merged so that one release wakes one local
 //!   waiter; a message heard while a try of the name runs here is held until the try ends, and
-//!   dropped if it was granted.
+//!   dropped if it was granted. Across processes, each node keeps the single-node backend's
+//!   waiters' queue (`dlock:{E}:q`, see [`RedisBackend`]): a busy try queues this process on
+//!   every node that answered busy (its answer still names the holder), and a node's release
+//!   wakes only the oldest live process queued there, so one release wakes one process (the
+//!   nodes' queues hold the processes in the same order, as their tries reach every node in
+//!   parallel; where they differ, each node wakes its own head and at most one process per node
+//!   tries). A woken process that does not try has its turn passed on by each node's stall
+//!   rule. Only the wake-ups changed: the scripts' lock and token logic, the owner ids and
+//!   the order of a try and its give-back are as before.
 
 pub(crate) mod admin;
 
@@ -136,7 +144,7 @@ impl RedlockBuilder {
         let mut nodes = Vec::with_capacity(self.nodes.len());
         for b in self.nodes {
             nodes.push(Node {
-                backend: b.without_queue().build()?,
+                backend: b.build()?,
                 state: Mutex::new(NodeState::default()),
             });
         }
@@ -1205,7 +1213,10 @@ impl Inner {
 }
 
 /// Subscribes to `name`'s release channel on every node and turns their messages into local
-/// wake-ups. A release publishes once on every node it freed, and so does the clean-up of a try
+/// wake-ups. Each node's own subscriber decides whether a message is for this process (the
+/// waiters' queue: its release named this process, or nobody was queued, or the turn of a
+/// process that did not try came to this one) and then wakes this task's watch on that node. A
+/// release publishes once on every node it freed, and so does the clean-up of a try
 /// that failed to reach a quorum (on the nodes it had taken) unless another owner holds one:
 /// the messages do not line up node by node, so none may be dropped by counting. Each message
 /// wakes the first local waiter unless a waiter is already woken and has not started its retry

@@ -8,13 +8,15 @@
 -- has waiters for the name (never with the holder flag below). A busy try then queues the process (at the back,
 -- live until the holder's lease or the caller's ttl, whichever is longer, plus 2 s), and a busy
 -- try or a first acquisition publishes 't' on the channel: the name was looked at after the last
--- release, so the other processes stop their stall timers (see release.lua).
+-- release, so the other processes stop their stall timers (see release.lua). ARGV[6] (optional,
+-- with KEYS[3]): any value asks a busy answer to name the holder, as below (a Redlock node).
 -- Returns, by reply type:
 --   bulk string  the token (decimal digits) of a first acquisition: the caller holds it once;
 --   array        {token, count} of a re-entry (the caller's hold count after it);
 --   integer      the remaining lease in ms (-1: no expiry) when another owner holds the lock;
---   array        {remaining ms, holder's owner id} instead when ARGV[4] is given without KEYS[3] (Redlock: a
---                failed try tells from it whether one owner holds a quorum of the nodes).
+--   array        {remaining ms, holder's owner id} instead when ARGV[4] is given without KEYS[3],
+--                or ARGV[6] with KEYS[3] (Redlock: a failed try tells from it whether one owner
+--                holds a quorum of the nodes).
 -- Cost notes (server time is what limits throughput; see BENCHMARKS.md): every redis.call
 -- costs a few thousand instructions, and so does a Lua number passed to redis.call (Redis
 -- formats it with %.17g) or a table returned (Redis probes it for err/ok/map fields). So the
@@ -71,7 +73,9 @@ if KEYS[3] then
   redis.pcall('ZADD', KEYS[3], t[1] * 1000 + math.floor(t[2] / 1000) + life, ARGV[4])
   redis.pcall('PEXPIRE', KEYS[3], life)
   redis.pcall('PUBLISH', ARGV[5], 't')
-  return pttl
+  if not ARGV[6] then
+    return pttl
+  end
 end
 if ARGV[4] then
   local ks = redis.call('HKEYS', KEYS[1])

@@ -9,7 +9,10 @@
 -- is given (at the back), then pops the queue's head whose entry is still live by the server's clock
 -- (stale ones, of processes that died or stopped waiting, are dropped on the way) and publishes
 -- 'w' .. its id: only that process wakes a waiter; the others only arm a stall timer, stopped by
--- the 't' of the next try (acquire.lua). With no live entry it publishes '1' (every process
+-- the 't' of the next try (acquire.lua). When others remain queued, that turn is recorded in the
+-- queue as its first member, '~' .. id with score -(server ms of the wake), so that a turn whose
+-- process does not try is passed on once, by the server's clock (wake.lua); every pop drops the
+-- record it finds first. With no live entry it publishes '1' (every process
 -- wakes one waiter, as without KEYS[2]). The queue's commands run by pcall: a user whose ACL lacks
 -- them (zadd zpopmin zrange) still releases, and its release wakes every process as before.
 -- Returns -1 when the caller is not the owner (nothing changed), the remaining hold count when
@@ -65,8 +68,11 @@ if ARGV[3] ~= '' then
         local t = redis.call('TIME')
         now = t[1] * 1000 + math.floor(t[2] / 1000)
       end
-      if tonumber(h[2]) > now then
+      if string.byte(h[1]) ~= 126 and tonumber(h[2]) > now then
         msg = 'w' .. h[1]
+        if redis.pcall('EXISTS', KEYS[2]) == 1 then
+          redis.pcall('ZADD', KEYS[2], -now, '~' .. h[1])
+        end
         break
       end
     end
