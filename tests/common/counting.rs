@@ -1,12 +1,14 @@
 //! A backend wrapper that forwards every `Backend` method to the wrapped backend and counts
 //! `try_acquire` calls: the one place a new trait method has to be forwarded for the tests that
-//! count tries (a wrapper that forgot one silently changed the behaviour under test).
+//! count tries (a wrapper that forgot one silently changed the behaviour under test). It can
+//! also stop answering renewals ([`CountTries::stall_extends`]): a holder that stops renewing, as
+//! a paused or partitioned process does, while its store and its other calls stay up.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::backend::{Acquired, BoxFuture, Extended, Record, Released, Watch};
 use dlock::{Backend, LockError};
 
 /// `inner` with its `try_acquire` calls counted.
@@ -14,6 +16,7 @@ use dlock::{Backend, LockError};
 pub struct CountTries {
     pub inner: Arc<dyn Backend>,
     tries: AtomicU64,
+    stalled: AtomicBool,
 }
 
 impl CountTries {
@@ -21,12 +24,19 @@ impl CountTries {
         Arc::new(CountTries {
             inner,
             tries: AtomicU64::new(0),
+            stalled: AtomicBool::new(false),
         })
     }
 
     /// `try_acquire` calls so far.
     pub fn tries(&self) -> u64 {
         self.tries.load(Ordering::SeqCst)
+    }
+
+    /// From now on `extend` (the watchdog's renewal) never answers: the hold's lease runs out on
+    /// the server by its ttl, or, where a session keeps it, once the runtime gives it back.
+    pub fn stall_extends(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
     }
 }
 
@@ -55,6 +65,9 @@ impl Backend for CountTries {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        if self.stalled.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
         self.inner.extend(name, owner, ttl)
     }
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
@@ -77,5 +90,16 @@ impl Backend for CountTries {
     }
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
         self.inner.lost_signal(name, owner)
+    }
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        self.inner.put_record(name, epoch, value)
+    }
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        self.inner.get_record(name)
     }
 }

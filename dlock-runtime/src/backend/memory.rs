@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Record, Released, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
@@ -30,6 +30,8 @@ pub struct MemoryBackend {
     locks: Mutex<HashMap<String, Entry>>,
     next_token: AtomicU64,
     waiters: Arc<WaitQueues>,
+    /// Leader records (`Backend::put_record`), by lock name.
+    records: Mutex<HashMap<String, Record>>,
 }
 
 impl Default for MemoryBackend {
@@ -49,6 +51,7 @@ impl MemoryBackend {
             locks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(seed),
             waiters: WaitQueues::new(),
+            records: Mutex::new(HashMap::new()),
         }
     }
 
@@ -208,6 +211,34 @@ impl Backend for MemoryBackend {
 
     fn has_waiters(&self, name: &str) -> bool {
         self.waiters.has_waiters(name)
+    }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let written = match records.get(name) {
+            Some(r) if r.epoch > epoch => false,
+            _ => {
+                let value = value.to_string();
+                records.insert(name.to_string(), Record { epoch, value });
+                true
+            }
+        };
+        Box::pin(async move { Ok(written) })
+    }
+
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        let r = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        Box::pin(async move { Ok(r) })
     }
 }
 
