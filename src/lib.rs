@@ -185,7 +185,7 @@ pub use dlock_runtime::{SentinelBackend, SentinelBuilder, init_sentinel};
 pub use dlock_runtime::{ZookeeperBackend, ZookeeperBackendBuilder};
 
 #[doc(inline)]
-pub use dlock_macros::{distributed_lock, key};
+pub use dlock_macros::{distributed_lock, key, leader};
 
 /// Not public API: what the `#[distributed_lock]` expansion calls. No semver promise.
 #[doc(hidden)]

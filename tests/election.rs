@@ -84,7 +84,9 @@ async fn one_leader_at_a_time_and_epoch_fenced_writes_never_interleave(env: Env)
                         let now = active.fetch_add(1, Ordering::SeqCst) + 1;
                         max_active.fetch_max(now, Ordering::SeqCst);
                         for seq in 0..10 {
-                            store.write(term.epoch(), seq).expect("a current leader's write");
+                            store
+                                .write(term.epoch(), seq)
+                                .expect("a current leader's write");
                             tokio::time::sleep(Duration::from_millis(3)).await;
                         }
                         active.fetch_sub(1, Ordering::SeqCst);
@@ -106,7 +108,11 @@ async fn one_leader_at_a_time_and_epoch_fenced_writes_never_interleave(env: Env)
                 .unwrap(),
         );
     }
-    assert_eq!(max_active.load(Ordering::SeqCst), 1, "two bodies ran at once");
+    assert_eq!(
+        max_active.load(Ordering::SeqCst),
+        1,
+        "two bodies ran at once"
+    );
     let s = store.state.lock().unwrap();
     assert_eq!(s.2, 0, "writes refused: {}", s.2);
     assert_eq!(s.1.len(), 30);
@@ -274,7 +280,9 @@ async fn a_stale_leaders_proclaim_is_refused_and_loses_its_term(env: Env) {
         return;
     }
     assert!(a.has_records());
-    a.proclaim("a2").await.expect("the current leader proclaims");
+    a.proclaim("a2")
+        .await
+        .expect("the current leader proclaims");
     env.force_delete(&format!("election:{name}")).await;
     let b = Election::new(name)
         .ttl(Duration::from_secs(30))
@@ -317,7 +325,10 @@ async fn observers_see_every_change_of_leader_in_order(env: Env) {
         let first = tokio::time::timeout(Duration::from_secs(5), obs.next())
             .await
             .expect("an item");
-        assert!(matches!(first, Some(Err(LockError::Config(_)))), "{first:?}");
+        assert!(
+            matches!(first, Some(Err(LockError::Config(_)))),
+            "{first:?}"
+        );
         return;
     }
     let collected = Arc::new(Mutex::new(Vec::new()));

@@ -172,8 +172,7 @@ impl Election {
             let guard = self.lock.acquire().await?;
             let epoch = guard.fencing_token();
             let backend = guard.backend().clone();
-            let records = match write_record(&backend, self.lock.name(), epoch, &self.value).await
-            {
+            let records = match write_record(&backend, self.lock.name(), epoch, &self.value).await {
                 Ok(true) => true,
                 Ok(false) => {
                     tracing::warn!(
@@ -423,9 +422,11 @@ impl Term {
         let call = backend.put_record(name, self.epoch(), &value);
         let written = match tokio::time::timeout(self.guard.remaining(), call).await {
             Ok(r) => r?,
-            Err(_) => return Err(self.guard.ensure_valid().err().unwrap_or_else(|| {
-                LockError::backend(name, "no reply to the leader record write within the lease")
-            })),
+            Err(_) => {
+                return Err(self.guard.ensure_valid().err().unwrap_or_else(|| {
+                    LockError::backend(name, "no reply to the leader record write within the lease")
+                }));
+            }
         };
         if !written {
             self.guard.mark_lost(LostReason::NotOwner);

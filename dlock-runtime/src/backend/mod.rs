@@ -280,7 +280,6 @@ fn records_unsupported(name: &str) -> LockError {
     ))
 }
 
-
 pub use crate::key::{RedisKeys, redis_keys};
 pub use crate::wait::{WaitQueues, Watch};
 
