@@ -31,7 +31,9 @@ both_backends!(
 fn has_records(env: &Env) -> bool {
     match env.kind {
         // Redis: one server, and Sentinel's master (its environment is of kind Redis).
-        Kind::Memory | Kind::Redis => true,
+        Kind::Memory | Kind::Redis | Kind::Redlock => true,
+        #[cfg(feature = "cluster")]
+        Kind::Cluster => true,
         _ => false,
     }
 }
