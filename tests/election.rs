@@ -24,6 +24,7 @@ both_backends!(
     a_stale_leaders_proclaim_is_refused_and_loses_its_term,
     observers_see_every_change_of_leader_in_order,
     once_returns_after_a_lost_term_and_without_it_run_campaigns_again,
+    a_record_above_every_new_epoch_ends_the_campaign_with_an_error_not_a_loop,
 );
 
 /// Whether the engine keeps leader records (`proclaim`, `observe`); the others give a `Config`
@@ -42,8 +43,12 @@ fn has_records(env: &Env) -> bool {
 /// writes it accepted.
 #[derive(Default)]
 struct FencedStore {
-    state: Mutex<(u64, Vec<(u64, u32)>, usize)>,
+    state: Mutex<Fenced>,
 }
+
+/// The highest epoch seen, the accepted writes (epoch, sequence number), the refused count.
+#[derive(Default)]
+struct Fenced(u64, Vec<(u64, u32)>, usize);
 
 impl FencedStore {
     /// `Ok` when accepted; `Err` with the highest epoch seen when refused.
@@ -453,4 +458,39 @@ async fn once_returns_after_a_lost_term_and_without_it_run_campaigns_again(env: 
             "the term's lock was given back"
         );
     }
+}
+
+/// A leader record whose epoch is above anything the engine now mints (its tokens went back, or
+/// the record came from elsewhere) refuses every fresh grant: the campaign gives up after a few
+/// with a `Backend` error instead of looping for ever, and leaves the name free.
+async fn a_record_above_every_new_epoch_ends_the_campaign_with_an_error_not_a_loop(env: Env) {
+    if !has_records(&env) {
+        return;
+    }
+    let lock_name = "election:future";
+    // Year ~2223 in µs: above every token minted now, exact in Lua's doubles.
+    let future = 8_000_000_000_000_000u64;
+    assert!(
+        env.backend()
+            .put_record(lock_name, future, "x")
+            .await
+            .unwrap()
+    );
+    let r = tokio::time::timeout(
+        Duration::from_secs(10),
+        Election::new("future")
+            .with_backend(env.another_backend().await)
+            .campaign(),
+    )
+    .await
+    .expect("the campaign ended");
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    let env = &env;
+    assert!(
+        common::eventually(Duration::from_secs(5), || async move {
+            !env.is_locked(lock_name).await
+        })
+        .await,
+        "the refused grants were given back"
+    );
 }

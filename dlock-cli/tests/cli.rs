@@ -1055,7 +1055,8 @@ fn leader_shows_the_term_epoch_remaining_and_value() {
     assert!(out.contains("remaining      "), "{}", text(&o));
     assert!(out.contains("lock election:cli-elect"), "{}", text(&o));
     let o = dlock(&url, &["leader", "cli-elect", "--json"], "");
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect(&text(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     assert_eq!(v["record"]["value"], "10.0.0.8:9090", "{v}");
     assert_eq!(v["record"]["epoch"].to_string(), epoch, "{v}");
     assert_eq!(v["term"]["fencing_token"].to_string(), epoch, "{v}");

@@ -38,6 +38,10 @@ pub const ELECTION_PREFIX: &str = "election:";
 /// on the engines whose lease is the ttl (see the README's failover bounds per engine).
 pub const DEFAULT_ELECTION_TTL: Duration = Duration::from_secs(15);
 
+/// Fresh grants refused by the leader record in a row before a campaign gives up (see
+/// [`Election::campaign`]).
+const STALE_GRANTS_IN_A_ROW: u32 = 3;
+
 /// The default pause between two reads of [`Election::observe`]: 200 ms.
 pub const DEFAULT_OBSERVE_EVERY: Duration = Duration::from_millis(200);
 
@@ -166,8 +170,11 @@ impl Election {
     /// Candidates queue as the lock's waiters do: FIFO with one wake-up per hand-over where the
     /// engine has it. On winning, the term writes this candidate's value to the leader record
     /// under its epoch; if a later term already wrote there, this grant is stale (a later one
-    /// exists), and the campaign gives it back and goes on.
+    /// exists), and the campaign gives it back and goes on; three such grants in a row are a
+    /// [`LockError::Backend`] (the engine's tokens went back below the record's epoch, which a
+    /// campaign cannot fix).
     pub async fn campaign(&self) -> Result<Term, LockError> {
+        let mut refused = 0u32;
         loop {
             let guard = self.lock.acquire().await?;
             let epoch = guard.fencing_token();
@@ -175,6 +182,23 @@ impl Election {
             let records = match write_record(&backend, self.lock.name(), epoch, &self.value).await {
                 Ok(true) => true,
                 Ok(false) => {
+                    refused += 1;
+                    if refused >= STALE_GRANTS_IN_A_ROW {
+                        // Not a race any more: the record's epoch is above what this engine now
+                        // mints (its tokens went back: a clock stepped back after the name's
+                        // `last` was lost, or a record written through another engine).
+                        guard.mark_lost(LostReason::NotOwner);
+                        drop(guard);
+                        return Err(LockError::backend(
+                            self.lock.name(),
+                            format!(
+                                "the leader record of election `{}` holds an epoch above {refused} fresh grants' in a row; \
+                                 this engine's tokens went back (see the token rule), or the record came from elsewhere: \
+                                 delete the record to go on",
+                                self.name
+                            ),
+                        ));
+                    }
                     tracing::warn!(
                         election = %self.name,
                         epoch,
@@ -247,10 +271,18 @@ impl Election {
     ///
     /// A backend error is an `Err` item and the stream goes on reading; on a backend without
     /// leader records the one item is that `Config` error. Reading stops when the [`Observer`]
-    /// is dropped. Call it inside a tokio runtime.
+    /// is dropped. Outside a tokio runtime the one item is a `Config` error.
     pub fn observe(&self) -> Observer {
         let (tx, rx) = mpsc::channel(16);
         let stop = CancellationToken::new();
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            // No runtime to read on: the one item says so (never a panic).
+            let _ = tx.try_send(Err(LockError::Config(format!(
+                "election `{}`: observe() was called outside a tokio runtime",
+                self.name
+            ))));
+            return Observer { rx, stop };
+        };
         let lock = self.lock.clone();
         let every = self.observe_every.max(Duration::from_millis(1));
         let ttl = self.lock_ttl();
@@ -304,7 +336,7 @@ impl Election {
                 tokio::time::sleep(every).await;
             }
         };
-        tokio::spawn(async move {
+        rt.spawn(async move {
             tokio::select! {
                 _ = s.cancelled() => {}
                 _ = task => {}
