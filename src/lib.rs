@@ -119,6 +119,30 @@
 //! # Ok(()) }
 //! ```
 //!
+//! ## Leader election
+//!
+//! [`Election`] elects one leader per name on any engine: a term is a hold of the lock
+//! `election:{name}`, its [`Term::epoch`] the grant's fencing token. [`Election::run`] runs a
+//! future while this process leads and drops it the moment the term is lost;
+//! `#[dlock::leader(name = "..", ttl = "15s")]` does the same for one function (the repository's
+//! `docs/election.md` has the failover bound of each engine).
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), dlock::LockError> {
+//! dlock::init("memory://").await?;
+//!
+//! #[dlock::leader(name = "scheduler", ttl = "15s", value = "10.0.0.7:8080")]
+//! async fn schedule() -> Result<u64, dlock::LockError> {
+//!     Ok(dlock::fencing_token().expect("leading")) // the term's epoch
+//! }
+//!
+//! let first = schedule().await?; // campaigns, leads, resigns when the body returns
+//! let term = dlock::Election::new("scheduler").campaign().await?;
+//! assert!(term.epoch() > first); // epochs strictly increase across terms
+//! term.resign().await?;
+//! # Ok(()) }
+//! ```
+//!
 //! ## Cargo features
 //!
 //! Redis (one server, and Redlock over several) and the in-memory backend are always built in.
@@ -185,7 +209,7 @@ pub use dlock_runtime::{SentinelBackend, SentinelBuilder, init_sentinel};
 pub use dlock_runtime::{ZookeeperBackend, ZookeeperBackendBuilder};
 
 #[doc(inline)]
-pub use dlock_macros::{distributed_lock, key};
+pub use dlock_macros::{distributed_lock, key, leader};
 
 /// Not public API: what the `#[distributed_lock]` expansion calls. No semver promise.
 #[doc(hidden)]

@@ -5,6 +5,7 @@
 //! dlock [--url URL]... show NAME [--json]        one lock in detail
 //! dlock [--url URL]... unlock NAME [--yes]       force-release, wake one waiter
 //! dlock [--url URL]... watch [PATTERN]           live acquisitions and releases until Ctrl-C
+//! dlock [--url URL]... leader NAME [--json]      an election's leader: holder, epoch, remaining lease, value
 //! ```
 //!
 //! The URL comes from `--url` or `DLOCK_URL` (default `redis://127.0.0.1:6379`): every form the
@@ -129,6 +130,16 @@ enum Cmd {
     Watch {
         /// Glob over lock names, e.g. `order:*`.
         pattern: Option<String>,
+    },
+    /// The current leader of the election NAME (`dlock::Election::new(NAME)`): its holder, epoch
+    /// (the term's fencing token), remaining lease, and the value it proclaimed (exit 3 when no
+    /// term is held).
+    Leader {
+        /// The election's name (its term is the lock `election:NAME`).
+        name: String,
+        /// JSON instead of text.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -598,6 +609,94 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
     }
 }
 
+/// The leader record of the lock `lock` (the value a leader proclaimed), read through a backend
+/// connected to the one `--url` (the multi-URL modes do not read it: `None`). A backend without
+/// records, or a failed read, is `Err` with the reason, shown instead of the value.
+async fn leader_record(
+    cli: &Cli,
+    lock: &str,
+) -> Option<Result<Option<dlock_runtime::backend::Record>, String>> {
+    if cli.sentinel.is_some() || cli.cluster || cli.redlock {
+        return None;
+    }
+    let [url] = cli.url.as_slice() else {
+        return None;
+    };
+    const NAME: &str = "dlock-cli-leader";
+    let read = async {
+        dlock_runtime::init_named(NAME, url)
+            .await
+            .map_err(|e| e.to_string())?;
+        let b = dlock_runtime::backend(NAME).map_err(|e| e.to_string())?;
+        b.get_record(lock).await.map_err(|e| e.to_string())
+    };
+    Some(
+        match tokio::time::timeout(admin::CALL_TIMEOUT, read).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("no answer within {:?}", admin::CALL_TIMEOUT)),
+        },
+    )
+}
+
+async fn leader(cli: &Cli, admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliError> {
+    let lock = format!("{}{name}", dlock_runtime::ELECTION_PREFIX);
+    let info = admin.show(&lock).await?;
+    let record = leader_record(cli, &lock).await;
+    if as_json {
+        let value = match &record {
+            Some(Ok(Some(r))) => json!({"value": r.value, "epoch": r.epoch}),
+            Some(Ok(None)) => json!(null),
+            Some(Err(e)) => json!({"error": e}),
+            None => json!({"error": "not read with --redlock, --cluster or --sentinel"}),
+        };
+        out!(
+            "{}",
+            json!({
+                "election": name,
+                "lock": lock,
+                "term": info.as_ref().map(to_json),
+                "record": value,
+            })
+        );
+    } else {
+        out!("election       {name} (lock {lock})");
+        match &info {
+            Some(i) => {
+                out!("leader         {}", owner_text(i));
+                out!(
+                    "epoch          {}",
+                    i.token
+                        .map_or("- (not stored by this backend)".into(), |t| t.to_string())
+                );
+                out!(
+                    "remaining      {}",
+                    match i.remaining {
+                        Some(_) => fmt_left(i.remaining),
+                        None => "- (no per-lock expiry: the lease is the holder's session)".into(),
+                    }
+                );
+            }
+            None => out!("leader         none (no term is held)"),
+        }
+        match &record {
+            Some(Ok(Some(r))) => out!(
+                "value          {} (proclaimed by epoch {})",
+                r.value,
+                r.epoch
+            ),
+            Some(Ok(None)) => out!("value          - (no leader record written)"),
+            Some(Err(e)) => out!("value          - ({e})"),
+            None => out!("value          - (not read with --redlock, --cluster or --sentinel)"),
+        }
+    }
+    match info {
+        Some(_) => Ok(()),
+        None => Err(CliError::NotFound(format!(
+            "no leader: the election `{name}` has no term held"
+        ))),
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), CliError> {
     let admin = connect(&cli).await?;
     let admin = admin.as_ref();
@@ -606,5 +705,6 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Cmd::Show { name, json } => show(admin, name, *json).await,
         Cmd::Unlock { name, yes } => unlock(admin, name, *yes).await,
         Cmd::Watch { pattern } => watch(admin, pattern.as_deref()).await,
+        Cmd::Leader { name, json } => leader(&cli, admin, name, *json).await,
     }
 }

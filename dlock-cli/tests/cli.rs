@@ -1018,3 +1018,56 @@ fn control_characters_in_lock_names_never_reach_the_terminal_raw() {
     assert!(!raw(&text(&o)), "{:?}", text(&o));
     drop(g);
 }
+
+/// `dlock leader NAME`: with no term held, exit 3 and "none"; while a term (taken in this test
+/// process) is held, the leader's owner, its epoch (the term's token), a remaining lease and the
+/// value it proclaimed; `--json` carries the same epoch and value.
+#[test]
+fn leader_shows_the_term_epoch_remaining_and_value() {
+    let redis = Redis::start(&[]);
+    let url = redis.url();
+    let o = dlock(&url, &["leader", "cli-elect"], "");
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("none"),
+        "{}",
+        text(&o)
+    );
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let term = rt.block_on(async {
+        dlock_runtime::init_named("cli-test", &url).await.unwrap();
+        let term = dlock_runtime::Election::new("cli-elect")
+            .ttl(Duration::from_secs(20))
+            .value("10.0.0.7:8080")
+            .backend("cli-test")
+            .campaign()
+            .await
+            .unwrap();
+        term.proclaim("10.0.0.8:9090").await.unwrap();
+        term
+    });
+    let epoch = term.epoch().to_string();
+    let o = dlock(&url, &["leader", "cli-elect"], "");
+    let out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        out.contains(&format!("epoch          {epoch}")),
+        "{}",
+        text(&o)
+    );
+    assert!(out.contains("value          10.0.0.8:9090"), "{}", text(&o));
+    assert!(out.contains("remaining      "), "{}", text(&o));
+    assert!(out.contains("lock election:cli-elect"), "{}", text(&o));
+    let o = dlock(&url, &["leader", "cli-elect", "--json"], "");
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    assert_eq!(v["record"]["value"], "10.0.0.8:9090", "{v}");
+    assert_eq!(v["record"]["epoch"].to_string(), epoch, "{v}");
+    assert_eq!(v["term"]["fencing_token"].to_string(), epoch, "{v}");
+    rt.block_on(term.resign()).unwrap();
+}

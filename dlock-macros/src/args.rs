@@ -29,6 +29,38 @@ pub(crate) const OPTIONS: &[&str] = &[
     "crate",
 ];
 
+/// Every option `#[leader]` takes.
+pub(crate) const LEADER_OPTIONS: &[&str] = &["name", "ttl", "wait", "backend", "value", "crate"];
+
+/// Names people reach for for `#[leader]`, and what they are called there.
+const LEADER_RENAMES: &[(&str, &str)] = &[
+    ("key", "name"),
+    ("election", "name"),
+    ("lease", "ttl"),
+    ("lease_duration", "ttl"),
+    ("timeout", "wait"),
+    ("identity", "value"),
+];
+
+/// Which attribute is parsed: its options and its "did you mean" table.
+#[derive(Clone, Copy)]
+pub(crate) struct Flavor {
+    pub(crate) options: &'static [&'static str],
+    renames: &'static [(&'static str, &'static str)],
+}
+
+/// `#[distributed_lock]`.
+pub(crate) const LOCK: Flavor = Flavor {
+    options: OPTIONS,
+    renames: RENAMES,
+};
+
+/// `#[leader]`.
+pub(crate) const LEADER: Flavor = Flavor {
+    options: LEADER_OPTIONS,
+    renames: LEADER_RENAMES,
+};
+
 /// Names people reach for from other lock libraries, and what they are called here.
 const RENAMES: &[(&str, &str)] = &[
     ("name", "key"),
@@ -81,10 +113,17 @@ pub(crate) struct LockArgs {
     pub(crate) permits: Option<(u32, Span)>,
     pub(crate) hold_at_least_span: Option<Span>,
     pub(crate) crate_path: Option<syn::Path>,
+    /// `#[leader]`'s `value`.
+    pub(crate) value: Option<String>,
 }
 
 /// Parses the attribute arguments, collecting every mistake into `errors`.
 pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> LockArgs {
+    parse_as(LOCK, args, errors)
+}
+
+/// [`parse`] for the attribute `flavor`.
+pub(crate) fn parse_as(flavor: Flavor, args: TokenStream, errors: &mut Errors) -> LockArgs {
     let mut out = LockArgs::default();
     let metas = match Punctuated::<Meta, Token![,]>::parse_terminated.parse2(args) {
         Ok(m) => m,
@@ -103,13 +142,13 @@ pub(crate) fn parse(args: TokenStream, errors: &mut Errors) -> LockArgs {
                 if p.segments.len() == 1 {
                     p.segments[0].ident.to_string()
                 } else {
-                    errors.push_spanned(p.span(), unknown_message(&path_text(p)));
+                    errors.push_spanned(p.span(), unknown_message(flavor, &path_text(p)));
                     continue;
                 }
             }
         };
-        if !OPTIONS.contains(&name.as_str()) {
-            errors.push_spanned(meta.path().span(), unknown_message(&name));
+        if !flavor.options.contains(&name.as_str()) {
+            errors.push_spanned(meta.path().span(), unknown_message(flavor, &name));
             continue;
         }
         let nv = match &meta {
@@ -188,13 +227,17 @@ fn positive_int(name: &str, value: &Expr) -> syn::Result<(u32, Span)> {
 
 fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
     match name {
-        "key" => {
+        "key" | "name" => {
             let s = lit_str(name, value)?;
             if s.value().is_empty() {
-                return Err(syn::Error::new(s.span(), "`key` must not be empty"));
+                return Err(syn::Error::new(
+                    s.span(),
+                    format!("`{name}` must not be empty"),
+                ));
             }
             out.key = Some(s);
         }
+        "value" => out.value = Some(lit_str(name, value)?.value()),
         "ttl" => out.ttl = Some(duration::parse_capped(&lit_str(name, value)?, name, true)?),
         "wait" => out.wait = Some(duration::parse(&lit_str(name, value)?, name, false)?),
         "hold_at_least" => {
@@ -302,6 +345,8 @@ fn non_empty(name: &str, s: &LitStr) -> syn::Result<String> {
 fn example(name: &str) -> &'static str {
     match name {
         "key" => "e.g. `key = \"order:{order_id}\"`",
+        "name" => "e.g. `name = \"scheduler\"`",
+        "value" => "e.g. `value = \"10.0.0.7:8080\"`",
         "ttl" => "e.g. `ttl = \"30s\"`",
         "wait" => "e.g. `wait = \"5s\"`",
         "hold_at_least" => "e.g. `hold_at_least = \"1m\"`",
@@ -326,26 +371,34 @@ fn path_text(p: &syn::Path) -> String {
         .join("::")
 }
 
-fn unknown_message(name: &str) -> String {
-    let list = OPTIONS
+fn unknown_message(flavor: Flavor, name: &str) -> String {
+    let list = flavor
+        .options
         .iter()
         .map(|o| format!("`{o}`"))
         .collect::<Vec<_>>()
         .join(", ");
     let mut msg = format!("unknown option `{name}`; expected one of: {list}");
-    if let Some(hint) = suggestion(name) {
+    if let Some(hint) = suggestion_in(flavor, name) {
         msg.push_str(&format!("\n\nhelp: did you mean `{hint}`?"));
     }
     msg
 }
 
 /// The option a misspelt or foreign name most likely meant.
+#[cfg(test)]
 pub(crate) fn suggestion(name: &str) -> Option<&'static str> {
+    suggestion_in(LOCK, name)
+}
+
+/// [`suggestion`] among the options of `flavor`.
+fn suggestion_in(flavor: Flavor, name: &str) -> Option<&'static str> {
     let lower = name.to_ascii_lowercase();
-    if let Some((_, to)) = RENAMES.iter().find(|(from, _)| *from == lower) {
+    if let Some((_, to)) = flavor.renames.iter().find(|(from, _)| *from == lower) {
         return Some(to);
     }
-    OPTIONS
+    flavor
+        .options
         .iter()
         .map(|o| (edit_distance(&lower, o), *o))
         .filter(|(d, o)| *d <= 2.max(o.len() / 3) && *d < o.len())

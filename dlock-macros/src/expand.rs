@@ -35,7 +35,7 @@ pub(crate) fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     out
 }
 
-fn with_errors(mut item: TokenStream, errors: &Errors) -> TokenStream {
+pub(crate) fn with_errors(mut item: TokenStream, errors: &Errors) -> TokenStream {
     item.extend(errors.to_compile_errors());
     item
 }
@@ -324,7 +324,7 @@ fn ident(name: &str, span: Span) -> syn::Ident {
 }
 
 /// The block that renders the key template (see the crate docs for the escaping rule).
-fn key_code(
+pub(crate) fn key_code(
     lit: &syn::LitStr,
     func: &MaybeItemFn,
     p: &TokenStream,
@@ -484,7 +484,7 @@ pub(crate) fn key_macro(input: TokenStream) -> TokenStream {
 }
 
 /// Replaces `impl Trait` with `_` in the fake return edge's type.
-struct ImplTraitEraser;
+pub(crate) struct ImplTraitEraser;
 
 impl VisitMut for ImplTraitEraser {
     fn visit_type_mut(&mut self, t: &mut Type) {

@@ -1,4 +1,4 @@
-//! Procedural macros of the `dlock` toolkit: `#[distributed_lock]`. Use them through the `dlock`
+//! Procedural macros of the `dlock` toolkit: `#[distributed_lock]` and `#[leader]`. Use them through the `dlock`
 //! crate, which the expansion calls into (`::dlock::__private`).
 #![warn(
     missing_docs,
@@ -12,6 +12,7 @@ mod duration;
 mod errors;
 mod expand;
 mod item;
+mod leader;
 use dlock_template as template;
 
 use proc_macro::TokenStream;
@@ -126,4 +127,39 @@ pub fn distributed_lock(args: TokenStream, item: TokenStream) -> TokenStream {
 #[proc_macro]
 pub fn key(input: TokenStream) -> TokenStream {
     expand::key_macro(input.into()).into()
+}
+
+/// Runs an `async fn` only while this process leads the election `name`, on any engine:
+/// every call campaigns (waiting its turn, FIFO where the engine has it), runs the body once
+/// leading, and gives the term back when the body returns. When the term is lost (its lease ran
+/// out, the store gave it to another candidate) the body is dropped at its next `.await` and the
+/// function returns `Err(LockError::Lost { .. })` converted with `From`; call it in a loop to
+/// campaign again. Inside the body `dlock::fencing_token()` is the term's epoch (strictly
+/// increasing across terms): send it with every write.
+///
+/// ```ignore
+/// #[dlock::leader(name = "scheduler", ttl = "15s", value = "10.0.0.7:8080")]
+/// async fn schedule() -> Result<(), dlock::LockError> {
+///     let epoch = dlock::fencing_token().expect("leading");
+///     loop { tick(epoch).await; }
+/// }
+/// ```
+///
+/// | option | value | default |
+/// |---|---|---|
+/// | `name` | the election's name: a template as `distributed_lock`'s `key` (`"shard:{id}"`); required | — |
+/// | `ttl` | the term's lease, renewed every ttl/3; a leader that stops renewing is replaced after it | `"15s"` |
+/// | `wait` | how long to campaign before `LockError::TimedOut` | for ever |
+/// | `backend` | a registered backend name | `"default"` |
+/// | `value` | the value followers read with `dlock::Election::observe` (an address) | `""` |
+/// | `crate` | path of the `dlock` crate | `"::dlock"` |
+///
+/// The compile-time checks are `distributed_lock`'s: a non-async fn, an unknown or duplicate
+/// option (with a "did you mean"), a missing `name`, a placeholder that names no parameter, a bad
+/// duration, and a return type that cannot carry the error (it must be `Result<T, E>` with
+/// `E: From<dlock::LockError>`) are compile errors at the offending token. The election is the
+/// one `dlock::Election::new(name)` campaigns in.
+#[proc_macro_attribute]
+pub fn leader(args: TokenStream, item: TokenStream) -> TokenStream {
+    leader::expand(args.into(), item.into()).into()
 }

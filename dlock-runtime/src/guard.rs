@@ -332,6 +332,16 @@ impl LockGuard {
         &self.hold.name
     }
 
+    /// The backend that holds this lock.
+    pub(crate) fn backend(&self) -> &Arc<dyn Backend> {
+        &self.hold.backend
+    }
+
+    /// Marks the hold lost (the store proved a later grant: an election's refused record).
+    pub(crate) fn mark_lost(&self, reason: LostReason) {
+        self.hold.mark_lost(reason);
+    }
+
     /// The fencing token of this hold: larger than every token handed out before for this name
     /// (on Redis, `max(last + 1, server time in µs)`, so it keeps increasing across a restart
     /// without persistence). Send it with writes to a resource that refuses lower tokens.

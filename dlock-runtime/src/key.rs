@@ -72,6 +72,8 @@ pub(crate) fn suffixed(lock: &str, suffix: &str) -> String {
 pub(crate) const FENCE_SUFFIX: &str = ":fence";
 /// Suffix of the release channel after the lock key.
 pub(crate) const CHANNEL_SUFFIX: &str = ":rel";
+/// Suffix of an election's leader record after the lock key (a hash: epoch, value).
+pub(crate) const RECORD_SUFFIX: &str = ":leader";
 /// Suffix of the waiters' queue after the lock key (a zset: waiting process id -> expiry, and the
 /// turn record `~<id>` -> -(server ms of its wake-up), see release.lua).
 pub(crate) const QUEUE_SUFFIX: &str = ":q";

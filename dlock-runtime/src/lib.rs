@@ -27,6 +27,7 @@
 pub mod admin;
 pub mod backend;
 mod context;
+mod election;
 mod error;
 mod give_back;
 mod guard;
@@ -83,6 +84,9 @@ pub use context::{fencing_token, in_current_scope};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use deadpool_postgres;
+pub use election::{
+    DEFAULT_ELECTION_TTL, DEFAULT_OBSERVE_EVERY, ELECTION_PREFIX, Election, Leader, Observer, Term,
+};
 pub use error::{LockError, LostReason};
 #[cfg(feature = "etcd")]
 #[cfg_attr(docsrs, doc(cfg(feature = "etcd")))]

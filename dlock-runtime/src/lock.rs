@@ -173,6 +173,19 @@ impl Lock {
         &self.name
     }
 
+    /// The lease length set.
+    pub(crate) fn ttl_value(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The backend this lock uses (looked up in the registry when named).
+    pub(crate) fn resolve_backend(&self) -> Result<Arc<dyn Backend>, LockError> {
+        match &self.backend {
+            BackendRef::Named(n) => registry::backend(n),
+            BackendRef::Direct(b) => Ok(b.clone()),
+        }
+    }
+
     /// Takes the lock, waiting up to the `wait` duration.
     ///
     /// Waiting subscribes to the lock's release channel and retries when a release wakes this

@@ -441,3 +441,81 @@ mod tests {
         assert_ne!(render("1\\", ":2"), render("1\\:", "2"));
     }
 }
+
+/// The static settings of one `#[leader]` function.
+#[derive(Debug)]
+pub struct LeaderSpec {
+    /// The function's name (the metrics' `lock` label).
+    pub fn_name: &'static str,
+    ttl: Option<Duration>,
+    wait: Option<Duration>,
+    backend: Option<&'static str>,
+    value: &'static str,
+}
+
+impl LeaderSpec {
+    /// Defaults: the election's.
+    pub const fn new(fn_name: &'static str) -> Self {
+        LeaderSpec {
+            fn_name,
+            ttl: None,
+            wait: None,
+            backend: None,
+            value: "",
+        }
+    }
+    /// `ttl = ".."`.
+    pub const fn ttl(mut self, d: Duration) -> Self {
+        self.ttl = Some(d);
+        self
+    }
+    /// `wait = ".."`.
+    pub const fn wait(mut self, d: Duration) -> Self {
+        self.wait = Some(d);
+        self
+    }
+    /// `backend = ".."`.
+    pub const fn backend(mut self, name: &'static str) -> Self {
+        self.backend = Some(name);
+        self
+    }
+    /// `value = ".."`.
+    pub const fn value(mut self, v: &'static str) -> Self {
+        self.value = v;
+        self
+    }
+}
+
+/// What a `#[leader]` function runs: campaigns for `name`, runs `body` in the term's scope
+/// while it lives (dropped once the term is lost: `Err(Lost)`), then resigns.
+pub async fn run_leader<F: Future>(
+    spec: &'static LeaderSpec,
+    name: String,
+    body: F,
+) -> Result<F::Output, LockError> {
+    let mut e = crate::Election::new(name)
+        .value(spec.value)
+        .metric_name(spec.fn_name);
+    if let Some(t) = spec.ttl {
+        e = e.ttl(t);
+    }
+    if let Some(w) = spec.wait {
+        e = e.wait(w);
+    }
+    if let Some(b) = spec.backend {
+        e = e.backend(b);
+    }
+    let term = e.campaign().await?;
+    let lost = term.lost();
+    let out = tokio::select! {
+        biased;
+        reason = lost => Err(LockError::Lost { key: e.lock_name().to_string(), reason }),
+        out = term.scope(body) => Ok(out),
+    };
+    if out.is_ok()
+        && let Err(err) = term.resign().await
+    {
+        tracing::warn!(function = spec.fn_name, error = %err, "dlock: resign after the leader's body failed");
+    }
+    out
+}

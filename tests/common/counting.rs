@@ -1,12 +1,14 @@
 //! A backend wrapper that forwards every `Backend` method to the wrapped backend and counts
 //! `try_acquire` calls: the one place a new trait method has to be forwarded for the tests that
-//! count tries (a wrapper that forgot one silently changed the behaviour under test).
+//! count tries (a wrapper that forgot one silently changed the behaviour under test). It can
+//! also stop answering renewals ([`CountTries::stall_extends`]): a holder that stops renewing, as
+//! a paused or partitioned process does, while its store and its other calls stay up.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use dlock::backend::{Acquired, BoxFuture, Extended, Released, Watch};
+use dlock::backend::{Acquired, BoxFuture, Extended, Record, Released, RwSide, Watch};
 use dlock::{Backend, LockError};
 
 /// `inner` with its `try_acquire` calls counted.
@@ -14,6 +16,7 @@ use dlock::{Backend, LockError};
 pub struct CountTries {
     pub inner: Arc<dyn Backend>,
     tries: AtomicU64,
+    stalled: AtomicBool,
     permit_tries: AtomicU64,
 }
 
@@ -21,6 +24,7 @@ impl CountTries {
     pub fn new(inner: Arc<dyn Backend>) -> Arc<CountTries> {
         Arc::new(CountTries {
             inner,
+            stalled: AtomicBool::new(false),
             tries: AtomicU64::new(0),
             permit_tries: AtomicU64::new(0),
         })
@@ -35,6 +39,12 @@ impl CountTries {
     #[allow(dead_code)]
     pub fn permit_tries(&self) -> u64 {
         self.permit_tries.load(Ordering::SeqCst)
+    }
+
+    /// From now on `extend` (the watchdog's renewal) never answers: the hold's lease runs out on
+    /// the server by its ttl, or, where a session keeps it, once the runtime gives it back.
+    pub fn stall_extends(&self) {
+        self.stalled.store(true, Ordering::SeqCst);
     }
 }
 
@@ -63,6 +73,9 @@ impl Backend for CountTries {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        if self.stalled.load(Ordering::SeqCst) {
+            return Box::pin(std::future::pending());
+        }
         self.inner.extend(name, owner, ttl)
     }
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
@@ -118,5 +131,64 @@ impl Backend for CountTries {
     }
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.inner.has_permit_waiters(name)
+    }
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        self.inner.put_record(name, epoch, value)
+    }
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        self.inner.get_record(name)
+    }
+    fn supports_rw(&self) -> bool {
+        self.inner.supports_rw()
+    }
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        self.inner.rw_try_acquire(side, name, owner, ttl)
+    }
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.inner.rw_release(side, name, owner, all)
+    }
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        self.inner.rw_extend(side, name, owner, ttl)
+    }
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        self.inner.rw_downgrade(name, owner, ttl)
+    }
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        self.inner.rw_watch(side, name)
+    }
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.inner.rw_has_waiters(side, name)
     }
 }

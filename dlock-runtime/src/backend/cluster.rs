@@ -60,6 +60,10 @@ static EXTEND: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(EXTEND_SRC.to_string()));
 static RELEASE: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(RELEASE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
+static RECORD: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(include_str!("../scripts/record.lua").to_string()));
+static RECORD_GET: LazyLock<ClusterScript> =
+    LazyLock::new(|| ClusterScript::new(include_str!("../scripts/record_get.lua").to_string()));
 static WAKE: LazyLock<ClusterScript> =
     LazyLock::new(|| ClusterScript::new(WAKE_SRC.replace(PUBLISH_CALL, SPUBLISH_CALL)));
 
@@ -1223,6 +1227,51 @@ impl Backend for ClusterBackend {
 
     fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
         self.channel_has_waiters(name, &rw::channel(name, side))
+    }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let key = key::suffixed(&redis_keys(name).lock, key::RECORD_SUFFIX);
+            let epoch = epoch.to_string();
+            let args = [epoch.as_bytes(), value.as_bytes()];
+            let (r, _) = run_script(&self.inner, &mut con, &RECORD, &[key.as_str()], &args, None)
+                .await
+                .map_err(|e| LockError::backend(name, e))?;
+            let r: i64 = redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+            Ok(r == 1)
+        })
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let key = key::suffixed(&redis_keys(name).lock, key::RECORD_SUFFIX);
+            let (r, _) = run_script(
+                &self.inner,
+                &mut con,
+                &RECORD_GET,
+                &[key.as_str()],
+                &[],
+                None,
+            )
+            .await
+            .map_err(|e| LockError::backend(name, e))?;
+            let (epoch, value): (Option<u64>, Option<String>) =
+                redis::from_redis_value(r).map_err(|e| LockError::backend(name, e))?;
+            Ok(epoch.map(|epoch| crate::backend::Record {
+                epoch,
+                value: value.unwrap_or_default(),
+            }))
+        })
     }
 }
 

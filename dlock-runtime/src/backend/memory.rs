@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio::time::Instant;
 
-use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Record, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
@@ -32,6 +32,8 @@ struct Entry {
 #[derive(Debug)]
 pub struct MemoryBackend {
     locks: Mutex<HashMap<String, Entry>>,
+    /// Leader records (`Backend::put_record`), by lock name.
+    records: Mutex<HashMap<String, Record>>,
     /// Read-write locks ([`crate::RwLock`]): a state of their own, tokens from `next_token`.
     rw: rw::RwStore,
     next_token: AtomicU64,
@@ -54,6 +56,7 @@ impl MemoryBackend {
             .map(|d| d.as_micros() as u64)
             .unwrap_or(1);
         MemoryBackend {
+            records: Mutex::new(HashMap::new()),
             rw: rw::RwStore::new(),
             locks: Mutex::new(HashMap::new()),
             next_token: AtomicU64::new(seed),
@@ -326,6 +329,34 @@ impl Backend for MemoryBackend {
 
     fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
         self.rw.queues(side).has_waiters(name)
+    }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        let mut records = self.records.lock().unwrap_or_else(|e| e.into_inner());
+        let written = match records.get(name) {
+            Some(r) if r.epoch > epoch => false,
+            _ => {
+                let value = value.to_string();
+                records.insert(name.to_string(), Record { epoch, value });
+                true
+            }
+        };
+        Box::pin(async move { Ok(written) })
+    }
+
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        let r = self
+            .records
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(name)
+            .cloned();
+        Box::pin(async move { Ok(r) })
     }
 }
 

@@ -393,6 +393,46 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         let _ = (side, name);
         false
     }
+
+    /// Writes the leader record beside the lock `name` (an election's value, see
+    /// [`crate::Election`]): `value` under `epoch`, unless the stored record has a larger epoch.
+    /// `Ok(true)` when written (also over a record of the same epoch: a leader proclaiming a new
+    /// value), `Ok(false)` when refused (a later term wrote first). The record outlives the lock
+    /// (the next leader overwrites it). Default: [`LockError::Config`], this backend keeps no
+    /// records (elections still run on it; only `proclaim` and `observe` need records).
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        let _ = (epoch, value);
+        Box::pin(async move { Err(records_unsupported(name)) })
+    }
+
+    /// Reads the leader record beside the lock `name`: `None` when none was written. Default:
+    /// [`LockError::Config`], as [`Backend::put_record`].
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        Box::pin(async move { Err(records_unsupported(name)) })
+    }
+}
+
+/// A leader record: the value a leader proclaimed and the epoch (the fencing token of its term)
+/// it wrote it under. See [`Backend::put_record`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Record {
+    /// The epoch of the term that wrote it.
+    pub epoch: u64,
+    /// The value.
+    pub value: String,
+}
+
+/// The error of a backend without leader records.
+fn records_unsupported(name: &str) -> LockError {
+    LockError::Config(format!(
+        "`{name}`: this backend keeps no leader records (Election::proclaim / observe); \
+         campaigning and terms work on it"
+    ))
 }
 
 /// The side of a read-write lock a [`Backend`]'s `rw_*` method is about.

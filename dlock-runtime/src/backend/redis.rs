@@ -1658,6 +1658,45 @@ impl Backend for RedisBackend {
     fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
         self.channel_has_waiters(name, &rw::channel(name, side))
     }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let key = key::suffixed(&key::lock_key(name), key::RECORD_SUFFIX);
+            let mut cmd = scripts::evalsha(&scripts::RECORD, 1, 3, key.len() + value.len() + 20);
+            cmd.arg(&key).arg(epoch).arg(value);
+            let r: i64 = scripts::run(&scripts::RECORD, &cmd, &mut con)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            Ok(r == 1)
+        })
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(async move {
+            let (mut con, _) = self.conn(name)?;
+            let key = key::suffixed(&key::lock_key(name), key::RECORD_SUFFIX);
+            let (epoch, value): (Option<u64>, Option<String>) = redis::cmd("HMGET")
+                .arg(&key)
+                .arg("epoch")
+                .arg("value")
+                .query_async(&mut con)
+                .await
+                .map_err(|e| map_err(name, e))?;
+            Ok(epoch.map(|epoch| crate::backend::Record {
+                epoch,
+                value: value.unwrap_or_default(),
+            }))
+        })
+    }
 }
 
 impl RedisBackend {

@@ -1349,6 +1349,83 @@ impl Backend for RedlockBackend {
     fn fresh_owner_per_try(&self) -> bool {
         true
     }
+
+    /// Written to every node (each call bounded by the node timeout): refused when any node
+    /// holds a later epoch, written when a quorum wrote it, else an error.
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let t = self.inner.node_timeout.max(Duration::from_millis(500));
+            let answers = join_all(
+                self.inner
+                    .nodes
+                    .iter()
+                    .map(|n| tokio::time::timeout(t, n.backend.put_record(name, epoch, value))),
+            )
+            .await;
+            let mut written = 0;
+            for a in answers {
+                match a {
+                    Ok(Ok(true)) => written += 1,
+                    Ok(Ok(false)) => return Ok(false),
+                    _ => {}
+                }
+            }
+            if written >= self.inner.quorum {
+                Ok(true)
+            } else {
+                Err(LockError::backend(
+                    name,
+                    format!(
+                        "the leader record was written on {written} nodes, fewer than the quorum of {}",
+                        self.inner.quorum
+                    ),
+                ))
+            }
+        })
+    }
+
+    /// Read from every node: the record with the largest epoch among a quorum's answers (a
+    /// written record is on a quorum, which every read quorum meets).
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(async move {
+            let t = self.inner.node_timeout.max(Duration::from_millis(500));
+            let answers = join_all(
+                self.inner
+                    .nodes
+                    .iter()
+                    .map(|n| tokio::time::timeout(t, n.backend.get_record(name))),
+            )
+            .await;
+            let mut answered = 0;
+            let mut best: Option<crate::backend::Record> = None;
+            for r in answers.into_iter().flatten().flatten() {
+                answered += 1;
+                if let Some(r) = r
+                    && best.as_ref().is_none_or(|b| r.epoch > b.epoch)
+                {
+                    best = Some(r);
+                }
+            }
+            if answered < self.inner.quorum {
+                return Err(LockError::backend(
+                    name,
+                    format!(
+                        "{answered} nodes answered the leader record read, fewer than the quorum of {}",
+                        self.inner.quorum
+                    ),
+                ));
+            }
+            Ok(best)
+        })
+    }
 }
 
 /// Connects to N independent Redis masters and registers them as one Redlock backend under

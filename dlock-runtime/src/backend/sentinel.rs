@@ -882,6 +882,36 @@ impl Backend for SentinelBackend {
     fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
         self.inner.current().backend.rw_has_waiters(side, name)
     }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.put_record(name, epoch, value).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(async move {
+            let b = self.inner.current().backend.clone();
+            let r = b.get_record(name).await;
+            if r.is_err() {
+                self.inner.refresh().await;
+            }
+            r
+        })
+    }
 }
 
 /// Finds the master `master_name` through the sentinels and registers it under `name`

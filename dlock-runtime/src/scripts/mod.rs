@@ -21,6 +21,9 @@ pub(crate) static WAKE: LazyLock<Script> = LazyLock::new(|| Script::new(include_
 /// Raises a name's fence to a given token (Redlock's write-back of the token it granted).
 pub(crate) static FENCE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("fence.lua")));
+/// Writes an election's leader record unless a later epoch wrote one.
+pub(crate) static RECORD: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("record.lua")));
 
 /// Every operation of a read-write lock (`RwLock`) on one name.
 pub(crate) static RW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rw.lua")));
