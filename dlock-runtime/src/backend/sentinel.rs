@@ -265,6 +265,22 @@ impl fmt::Debug for SentinelBackend {
 }
 
 impl SentinelBackend {
+    /// Runs `call` on the current master's backend; a failed call makes the sentinels be asked
+    /// again, so the next call goes to the master they name now.
+    pub(super) async fn on_master<T, Fut>(
+        &self,
+        call: impl FnOnce(RedisBackend) -> Fut,
+    ) -> Result<T, LockError>
+    where
+        Fut: std::future::Future<Output = Result<T, LockError>>,
+    {
+        let r = call(self.inner.current().backend.clone()).await;
+        if r.is_err() {
+            self.inner.refresh().await;
+        }
+        r
+    }
+
     /// Starts building a backend for the master `master_name` watched by these sentinels
     /// (`redis://host:26379` URLs).
     pub fn builder<I, S>(master_name: &str, sentinel_urls: I) -> SentinelBuilder
@@ -693,12 +709,8 @@ impl Backend for SentinelBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.release(name, owner, keep_for, all).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.release(name, owner, keep_for, all).await })
+                .await
         })
     }
 
@@ -709,12 +721,8 @@ impl Backend for SentinelBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.extend(name, owner, ttl).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.extend(name, owner, ttl).await })
+                .await
         })
     }
 
@@ -809,12 +817,8 @@ impl Backend for SentinelBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.rw_try_acquire(side, name, owner, ttl).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.rw_try_acquire(side, name, owner, ttl).await })
+                .await
         })
     }
 
@@ -826,12 +830,8 @@ impl Backend for SentinelBackend {
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.rw_release(side, name, owner, all).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.rw_release(side, name, owner, all).await })
+                .await
         })
     }
 
@@ -843,12 +843,8 @@ impl Backend for SentinelBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.rw_extend(side, name, owner, ttl).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.rw_extend(side, name, owner, ttl).await })
+                .await
         })
     }
 
@@ -859,12 +855,8 @@ impl Backend for SentinelBackend {
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.rw_downgrade(name, owner, ttl).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.rw_downgrade(name, owner, ttl).await })
+                .await
         })
     }
 
@@ -890,12 +882,8 @@ impl Backend for SentinelBackend {
         value: &'a str,
     ) -> BoxFuture<'a, Result<bool, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.put_record(name, epoch, value).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.put_record(name, epoch, value).await })
+                .await
         })
     }
 
@@ -904,12 +892,8 @@ impl Backend for SentinelBackend {
         name: &'a str,
     ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
         Box::pin(async move {
-            let b = self.inner.current().backend.clone();
-            let r = b.get_record(name).await;
-            if r.is_err() {
-                self.inner.refresh().await;
-            }
-            r
+            self.on_master(|b| async move { b.get_record(name).await })
+                .await
         })
     }
 }

@@ -40,12 +40,8 @@ impl SentinelBackend {
 
     pub(super) async fn sem_release(&self, name: &str, owner: &str) -> Result<Released, LockError> {
         self.sem_unsupported(name)?;
-        let b = self.inner.current().backend.clone();
-        let r = b.sem_release(name, owner).await;
-        if r.is_err() {
-            self.inner.refresh().await;
-        }
-        r
+        self.on_master(|b| async move { b.sem_release(name, owner).await })
+            .await
     }
 
     pub(super) async fn sem_extend(
@@ -55,12 +51,8 @@ impl SentinelBackend {
         ttl: Duration,
     ) -> Result<Extended, LockError> {
         self.sem_unsupported(name)?;
-        let b = self.inner.current().backend.clone();
-        let r = b.sem_extend(name, owner, ttl).await;
-        if r.is_err() {
-            self.inner.refresh().await;
-        }
-        r
+        self.on_master(|b| async move { b.sem_extend(name, owner, ttl).await })
+            .await
     }
 
     pub(super) async fn sem_watch(&self, name: &str) -> Result<Watch, LockError> {
