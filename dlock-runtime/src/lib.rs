@@ -36,6 +36,7 @@ mod key;
 mod lock;
 mod metrics;
 mod policy;
+mod primitive;
 mod redact;
 mod registry;
 mod rwlock;

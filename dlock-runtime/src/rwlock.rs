@@ -6,7 +6,6 @@
 //! one engine are shared by every `RwLock` of the process (a weak cache keyed by the engine), so
 //! that re-entry in a call chain and the wait for this process's own give-backs find them.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
@@ -16,7 +15,8 @@ use tokio::time::Instant;
 use crate::backend::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::give_back::GiveBack;
 use crate::guard::{GuardInit, LockGuard, backend_id};
-use crate::{Lock, LockError, LostReason, context, registry};
+use crate::primitive::{Options, primitive_options, shared_adapter};
+use crate::{Lock, LockError, LostReason, context};
 
 /// One side of a read-write lock, as a [`Backend`] for the lock machinery.
 #[derive(Debug)]
@@ -96,40 +96,20 @@ type SideCache = HashMap<(usize, RwSide), Weak<dyn Backend>>;
 /// waiting acquisition): a call chain's hold of one side is found again by a later `RwLock`.
 fn sides(inner: &Arc<dyn Backend>) -> Sides {
     static CACHE: Mutex<Option<SideCache>> = Mutex::new(None);
-    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
-    let map = cache.get_or_insert_with(HashMap::new);
     let id = backend_id(inner);
-    let mut pruned = false;
-    let mut side = |side: RwSide| {
-        if let Some(b) = map.get(&(id, side)).and_then(Weak::upgrade) {
-            return b;
-        }
-        // Adapters keep their engine alive, so an id whose adapter is gone may be reused by a
-        // new engine: drop such entries.
-        if !pruned {
-            map.retain(|_, w| w.strong_count() > 0);
-            pruned = true;
-        }
-        let b: Arc<dyn Backend> = Arc::new(Side {
-            inner: inner.clone(),
-            side,
-        });
-        map.insert((id, side), Arc::downgrade(&b));
-        b
+    let side = |side: RwSide| {
+        shared_adapter(&CACHE, (id, side), || {
+            Arc::new(Side {
+                inner: inner.clone(),
+                side,
+            }) as Arc<dyn Backend>
+        })
     };
-    let read = side(RwSide::Read);
-    let write = side(RwSide::Write);
     Sides {
         inner: inner.clone(),
-        read,
-        write,
+        read: side(RwSide::Read),
+        write: side(RwSide::Write),
     }
-}
-
-#[derive(Clone)]
-enum BackendRef {
-    Named(Cow<'static, str>),
-    Direct(Arc<dyn Backend>),
 }
 
 /// A distributed read-write lock: many readers or one writer.
@@ -175,27 +155,14 @@ enum BackendRef {
 #[derive(Clone)]
 pub struct RwLock {
     name: String,
-    ttl: Duration,
-    wait: Duration,
-    watchdog: bool,
-    max_hold: Option<Duration>,
-    backend: BackendRef,
-    metric_name: Cow<'static, str>,
+    opts: Options,
 }
 
 impl std::fmt::Debug for RwLock {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backend: &dyn std::fmt::Debug = match &self.backend {
-            BackendRef::Named(n) => n,
-            BackendRef::Direct(b) => b,
-        };
         f.debug_struct("RwLock")
             .field("name", &self.name)
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .field("watchdog", &self.watchdog)
-            .field("max_hold", &self.max_hold)
-            .field("backend", backend)
+            .field("options", &self.opts)
             .finish()
     }
 }
@@ -206,56 +173,11 @@ impl RwLock {
     pub fn new(name: impl Into<String>) -> Self {
         RwLock {
             name: name.into(),
-            ttl: crate::DEFAULT_TTL,
-            wait: Duration::ZERO,
-            watchdog: true,
-            max_hold: None,
-            backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
-            metric_name: Cow::Borrowed(crate::metrics::DEFAULT_METRIC_NAME),
+            opts: Options::default(),
         }
     }
 
-    /// The lease of each hold (default 30 s), renewed every ttl/3 by the watchdog.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long `read` / `write` wait (default zero: one try, then [`LockError::Busy`]).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Whether the watchdog renews the leases (default true).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
-    /// Caps how long the watchdog renews a hold (see [`Lock::max_hold`]).
-    pub fn max_hold(mut self, max: Duration) -> Self {
-        self.max_hold = Some(max);
-        self
-    }
-
-    /// The registered backend to use (default `"default"`).
-    pub fn backend(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.backend = BackendRef::Named(name.into());
-        self
-    }
-
-    /// A backend to use directly, without the registry.
-    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
-        self.backend = BackendRef::Direct(backend);
-        self
-    }
-
-    /// The `lock` label of the metrics (see [`Lock::metric_name`]).
-    pub fn metric_name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.metric_name = name.into();
-        self
-    }
+    primitive_options!("hold");
 
     /// The lock name.
     pub fn name(&self) -> &str {
@@ -264,10 +186,7 @@ impl RwLock {
 
     fn sides(&self) -> Result<Sides, LockError> {
         crate::key::validate(&self.name)?;
-        let inner = match &self.backend {
-            BackendRef::Named(n) => registry::backend(n)?,
-            BackendRef::Direct(b) => b.clone(),
-        };
+        let inner = self.opts.resolve()?;
         if !inner.supports_rw() {
             return Err(crate::backend::rw_unsupported(&self.name));
         }
@@ -275,16 +194,7 @@ impl RwLock {
     }
 
     fn lock_on(&self, side: &Arc<dyn Backend>) -> Lock {
-        let mut l = Lock::new(self.name.clone())
-            .ttl(self.ttl)
-            .wait(self.wait)
-            .watchdog(self.watchdog)
-            .metric_name(self.metric_name.clone())
-            .with_backend(side.clone());
-        if let Some(m) = self.max_hold {
-            l = l.max_hold(m);
-        }
-        l
+        self.opts.lock(&self.name, side.clone())
     }
 
     /// The hold of this name's `side` that the current call chain has, if any.
@@ -322,17 +232,9 @@ impl RwLock {
             guard: g,
             inner: sides.inner,
             read: sides.read,
-            metric: self.metric_labels(),
-            watchdog: self.watchdog,
+            metric: self.opts.metric_labels(),
+            watchdog: self.opts.watchdog,
         })
-    }
-
-    fn metric_labels(&self) -> crate::metrics::Labels {
-        let backend = match &self.backend {
-            BackendRef::Named(n) => n.as_ref(),
-            BackendRef::Direct(_) => "direct",
-        };
-        crate::metrics::Labels::new(backend, &self.metric_name)
     }
 }
 

@@ -6,7 +6,6 @@
 //! into the backend's permit calls ([`Backend::try_acquire_permits`] and its siblings) for one
 //! `(max, permits)` pair. Re-entry is off: every acquisition is a holder of its own.
 
-use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -16,7 +15,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
-use crate::{DEFAULT_TTL, Lock, LockError, LockGuard, LostReason, registry};
+use crate::primitive::{Options, primitive_options, shared_adapter};
+use crate::{LockError, LockGuard, LostReason};
 
 /// A counting semaphore shared by every process that uses the same store: at most `max`
 /// permits of a name are held at once, each by an owner with a lease.
@@ -59,35 +59,16 @@ pub struct Semaphore {
     name: String,
     max: u32,
     permits: u32,
-    ttl: Duration,
-    wait: Duration,
-    watchdog: bool,
-    max_hold: Option<Duration>,
-    backend: BackendRef,
-    metric_name: Option<Cow<'static, str>>,
-}
-
-#[derive(Clone)]
-enum BackendRef {
-    Named(Cow<'static, str>),
-    Direct(Arc<dyn Backend>),
+    opts: Options,
 }
 
 impl fmt::Debug for Semaphore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let backend: &dyn fmt::Debug = match &self.backend {
-            BackendRef::Named(n) => n,
-            BackendRef::Direct(b) => b,
-        };
         f.debug_struct("Semaphore")
             .field("name", &self.name)
             .field("max", &self.max)
             .field("permits", &self.permits)
-            .field("ttl", &self.ttl)
-            .field("wait", &self.wait)
-            .field("watchdog", &self.watchdog)
-            .field("max_hold", &self.max_hold)
-            .field("backend", backend)
+            .field("options", &self.opts)
             .finish()
     }
 }
@@ -101,12 +82,7 @@ impl Semaphore {
             name: name.into(),
             max,
             permits: 1,
-            ttl: DEFAULT_TTL,
-            wait: Duration::ZERO,
-            watchdog: true,
-            max_hold: None,
-            backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
-            metric_name: None,
+            opts: Options::default(),
         }
     }
 
@@ -117,48 +93,7 @@ impl Semaphore {
         self
     }
 
-    /// The lease of the permits (default 30 s), renewed every ttl/3 by the watchdog.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = ttl;
-        self
-    }
-
-    /// How long to wait for free permits (default zero: one try, then [`LockError::Busy`]).
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.wait = wait;
-        self
-    }
-
-    /// Whether to renew the lease while the guard lives (default true).
-    pub fn watchdog(mut self, on: bool) -> Self {
-        self.watchdog = on;
-        self
-    }
-
-    /// Caps how long the watchdog keeps renewing (see [`Lock::max_hold`]).
-    pub fn max_hold(mut self, max: Duration) -> Self {
-        self.max_hold = Some(max);
-        self
-    }
-
-    /// The registered backend to use (default `"default"`).
-    pub fn backend(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.backend = BackendRef::Named(name.into());
-        self
-    }
-
-    /// A backend to use directly, without the registry.
-    pub fn with_backend(mut self, backend: Arc<dyn Backend>) -> Self {
-        self.backend = BackendRef::Direct(backend);
-        self
-    }
-
-    /// The `lock` label of this semaphore's metrics (feature `metrics`; see
-    /// [`Lock::metric_name`]).
-    pub fn metric_name(mut self, name: impl Into<Cow<'static, str>>) -> Self {
-        self.metric_name = Some(name.into());
-        self
-    }
+    primitive_options!("grant's permits");
 
     /// The semaphore's name.
     pub fn name(&self) -> &str {
@@ -170,7 +105,7 @@ impl Semaphore {
     /// [`LockError::Config`] when `max` is zero or `permits` is zero or above `max` (nothing is
     /// sent); [`LockError::SemaphoreMax`] when the name's live holders have another `max`;
     /// [`LockError::Unsupported`] on an engine without semaphores; otherwise as
-    /// [`Lock::acquire`].
+    /// [`Lock::acquire`](crate::Lock::acquire).
     pub async fn acquire(&self) -> Result<SemaphoreGuard, LockError> {
         if self.max == 0 {
             return Err(LockError::Config(format!(
@@ -185,23 +120,9 @@ impl Semaphore {
             )));
         }
         crate::key::validate(&self.name)?;
-        let inner = match &self.backend {
-            BackendRef::Named(n) => registry::backend(n)?,
-            BackendRef::Direct(b) => b.clone(),
-        };
-        let adapter: Arc<dyn Backend> = Permits::shared(inner, self.max, self.permits);
-        let mut lock = Lock::new(self.name.clone())
-            .ttl(self.ttl)
-            .wait(self.wait)
-            .watchdog(self.watchdog)
-            .with_backend(adapter)
-            .not_reentrant();
-        if let Some(m) = self.max_hold {
-            lock = lock.max_hold(m);
-        }
-        if let Some(m) = &self.metric_name {
-            lock = lock.metric_name(m.clone());
-        }
+        let adapter: Arc<dyn Backend> =
+            Permits::shared(self.opts.resolve()?, self.max, self.permits);
+        let lock = self.opts.lock(&self.name, adapter).not_reentrant();
         let guard = lock.acquire().await?;
         Ok(SemaphoreGuard {
             guard,
@@ -348,21 +269,13 @@ impl Permits {
     fn shared(inner: Arc<dyn Backend>, max: u32, permits: u32) -> Arc<Permits> {
         static ADAPTERS: Mutex<Option<HashMap<AdapterKey, Weak<Permits>>>> = Mutex::new(None);
         let key = (crate::guard::backend_id(&inner), max, permits);
-        let mut map = ADAPTERS.lock().unwrap_or_else(|e| e.into_inner());
-        let map = map.get_or_insert_with(HashMap::new);
-        if let Some(a) = map.get(&key).and_then(Weak::upgrade) {
-            return a;
-        }
-        if map.len() >= 64 && map.len().is_power_of_two() {
-            map.retain(|_, w| w.strong_count() > 0);
-        }
-        let a = Arc::new(Permits {
-            inner,
-            max,
-            permits,
-        });
-        map.insert(key, Arc::downgrade(&a));
-        a
+        shared_adapter(&ADAPTERS, key, || {
+            Arc::new(Permits {
+                inner,
+                max,
+                permits,
+            })
+        })
     }
 }
 
