@@ -101,13 +101,24 @@ fn assert_one_process_tried(tries: &[u64]) {
     );
 }
 
-async fn redis_backends(server: &RedisProc, n: usize) -> Vec<Arc<Counting>> {
+/// `n` simulated processes: a backend each from `connect`, its tries counted.
+async fn processes<B, F>(n: usize, mut connect: impl FnMut() -> F) -> Vec<Arc<Counting>>
+where
+    B: Backend,
+    F: std::future::Future<Output = B>,
+{
     let mut v = Vec::new();
     for _ in 0..n {
-        let b = RedisBackend::connect(&server.url()).await.expect("connect");
-        v.push(Counting::new(Arc::new(b)));
+        v.push(Counting::new(Arc::new(connect().await)));
     }
     v
+}
+
+async fn redis_backends(server: &RedisProc, n: usize) -> Vec<Arc<Counting>> {
+    processes(n, || async {
+        RedisBackend::connect(&server.url()).await.expect("connect")
+    })
+    .await
 }
 
 /// Three processes (backends) with two waiters each; one release: exactly one try in all (the
@@ -147,6 +158,33 @@ async fn add_dead_head(con: &mut impl redis::aio::ConnectionLike, queue: &str) {
 /// waiter of its own.
 const STALLED_HEAD_BOUND: Duration = Duration::from_millis(350);
 
+/// The dead-head scenario on any Redis-family engine: `holder` holds `name`, the three
+/// processes of `backends` queue two waiters each, a dead process is put at the head of the
+/// queue on every connection of `admins` (one per node that keeps the queue), and the holder
+/// releases: the hand-off takes about one stall bound and only one process tries.
+async fn a_dead_queue_head_costs_one_short_stall<C>(
+    holder: Arc<dyn Backend>,
+    backends: &[Arc<Counting>],
+    name: &str,
+    mut admins: Vec<C>,
+) where
+    C: redis::aio::ConnectionLike,
+{
+    let queue = format!("dlock:{{{name}}}:q");
+    let (tries, took) = release_among_waiting_backends(holder, backends, name, 2, async {
+        for con in &mut admins {
+            add_dead_head(con, &queue).await;
+        }
+    })
+    .await;
+    eprintln!("hand-off after the dead head: {took:?}, tries {tries:?}");
+    assert!(
+        took < STALLED_HEAD_BOUND,
+        "hand-off after the dead process was woken took {took:?}"
+    );
+    assert_one_process_tried(&tries);
+}
+
 /// A queued process that died or is stopped (its entry is still live on the server and heads
 /// the queue) is woken by the release and never tries: the turn goes to the next process in
 /// line within about one stall bound (not at the holder's lease end, 20 s, and not after a
@@ -158,17 +196,8 @@ async fn redis_a_dead_queue_head_costs_one_short_stall_and_one_try() {
     let server = RedisProc::start();
     let holder = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
     let backends = redis_backends(&server, 3).await;
-    let mut admin = server.admin_async().await;
-    let (tries, took) = release_among_waiting_backends(holder, &backends, "herd-dead", 2, async {
-        add_dead_head(&mut admin, "dlock:{herd-dead}:q").await;
-    })
-    .await;
-    eprintln!("hand-off after the dead head: {took:?}, tries {tries:?}");
-    assert!(
-        took < STALLED_HEAD_BOUND,
-        "hand-off after the dead process was woken took {took:?}"
-    );
-    assert_one_process_tried(&tries);
+    let admin = server.admin_async().await;
+    a_dead_queue_head_costs_one_short_stall(holder, &backends, "herd-dead", vec![admin]).await;
 }
 
 /// The same on Redlock: the dead process heads the queue on every node.
@@ -179,25 +208,13 @@ async fn redlock_a_dead_queue_head_costs_one_short_stall() {
         .unwrap();
     let urls = common::redlock::urls(&nodes);
     let holder = Arc::new(common::redlock::connect_for_suite(&urls).await);
-    let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Counting::new(Arc::new(
-            common::redlock::connect_for_suite(&urls).await,
-        )));
-    }
-    let (tries, took) =
-        release_among_waiting_backends(holder, &backends, "herd-rl-dead", 2, async {
-            for (_, mut con) in common::redlock::admins(&nodes).await {
-                add_dead_head(&mut con, "dlock:{herd-rl-dead}:q").await;
-            }
-        })
-        .await;
-    eprintln!("hand-off after the dead head: {took:?}, tries {tries:?}");
-    assert!(
-        took < STALLED_HEAD_BOUND,
-        "hand-off after the dead process was woken took {took:?}"
-    );
-    assert_one_process_tried(&tries);
+    let backends = processes(3, || common::redlock::connect_for_suite(&urls)).await;
+    let admins = common::redlock::admins(&nodes)
+        .await
+        .into_iter()
+        .map(|(_, con)| con)
+        .collect();
+    a_dead_queue_head_costs_one_short_stall(holder, &backends, "herd-rl-dead", admins).await;
 }
 
 /// Redlock (3 nodes): three processes (backends) with two waiters each; one release: one try
@@ -211,12 +228,7 @@ async fn redlock_one_release_wakes_one_process_of_three() {
         .unwrap();
     let urls = common::redlock::urls(&nodes);
     let holder = Arc::new(common::redlock::connect_for_suite(&urls).await);
-    let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Counting::new(Arc::new(
-            common::redlock::connect_for_suite(&urls).await,
-        )));
-    }
+    let backends = processes(3, || common::redlock::connect_for_suite(&urls)).await;
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-redlock", 2, async {}).await;
     assert_one_process_tried(&tries);
@@ -273,10 +285,7 @@ async fn sentinel_one_release_wakes_one_process_of_three() {
         .unwrap();
     let connect = || dlock::SentinelBackend::connect(MASTER, set.sentinel_urls());
     let holder = Arc::new(connect().await.unwrap());
-    let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
-    }
+    let backends = processes(3, || async { connect().await.unwrap() }).await;
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-sentinel", 2, async {}).await;
     assert_one_process_tried(&tries);
@@ -293,10 +302,7 @@ async fn cluster_one_release_wakes_one_process_of_three() {
         .unwrap();
     let connect = || dlock::ClusterBackend::connect(set.urls());
     let holder = Arc::new(connect().await.unwrap());
-    let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
-    }
+    let backends = processes(3, || async { connect().await.unwrap() }).await;
     let (tries, _) =
         release_among_waiting_backends(holder, &backends, "herd-cluster", 2, async {}).await;
     assert_one_process_tried(&tries);
@@ -313,22 +319,9 @@ async fn cluster_a_dead_queue_head_costs_one_short_stall_and_one_try() {
         .unwrap();
     let connect = || dlock::ClusterBackend::connect(set.urls());
     let holder = Arc::new(connect().await.unwrap());
-    let mut backends = Vec::new();
-    for _ in 0..3 {
-        backends.push(Counting::new(Arc::new(connect().await.unwrap())));
-    }
-    let mut admin = set.admin().await;
-    let (tries, took) =
-        release_among_waiting_backends(holder, &backends, "herd-cl-dead", 2, async {
-            add_dead_head(&mut admin, "dlock:{herd-cl-dead}:q").await;
-        })
-        .await;
-    eprintln!("hand-off after the dead head: {took:?}, tries {tries:?}");
-    assert!(
-        took < STALLED_HEAD_BOUND,
-        "hand-off after the dead process was woken took {took:?}"
-    );
-    assert_one_process_tried(&tries);
+    let backends = processes(3, || async { connect().await.unwrap() }).await;
+    let admin = set.admin().await;
+    a_dead_queue_head_costs_one_short_stall(holder, &backends, "herd-cl-dead", vec![admin]).await;
 }
 
 /// etcd: three backends with two waiters each, then one backend with four: one release wakes

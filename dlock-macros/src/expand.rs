@@ -50,14 +50,15 @@ enum BusyMapping {
     ByReturnType,
 }
 
+/// What a return type can carry: nothing (`()`), a skipped call (`Option<T>`), or an error.
 #[derive(PartialEq, Eq)]
-enum Shape {
+pub(crate) enum Shape {
     Unit,
     Option,
     Other,
 }
 
-fn shape(output: &ReturnType) -> Shape {
+pub(crate) fn shape(output: &ReturnType) -> Shape {
     let ReturnType::Type(_, ty) = output else {
         return Shape::Unit;
     };
@@ -86,29 +87,21 @@ fn shape(output: &ReturnType) -> Shape {
 
 fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStream {
     let sig = &func.sig;
-    if sig.asyncness.is_none() {
-        errors.push_spanned(
-            sig.fn_token.span,
-            "distributed_lock needs an async fn: the lock is held across the body's `.await`s; add `async`",
-        );
-    }
-    let krate = args
-        .crate_path
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::dlock));
-    let p = quote!(#krate::__private);
+    require_async(
+        sig,
+        "distributed_lock needs an async fn: the lock is held across the body's `.await`s; add `async`",
+        errors,
+    );
+    let p = private_path(args);
 
     // The key.
-    let key_code = match &args.key {
-        None => {
-            errors.push_spanned(
-                Span::call_site(),
-                "missing `key`: name the lock, e.g. `#[distributed_lock(key = \"order:{order_id}\")]`",
-            );
-            TokenStream::new()
-        }
-        Some(lit) => key_code(lit, func, &p, errors),
-    };
+    let key_code = name_code(
+        args,
+        func,
+        &p,
+        errors,
+        "missing `key`: name the lock, e.g. `#[distributed_lock(key = \"order:{order_id}\")]`",
+    );
 
     // A read-write lock has no `hold_at_least` (a read hold kept after its body would hold
     // writers back for nothing).
@@ -155,26 +148,10 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     }
 
     // The static spec, built by const fns at compile time.
-    let fn_name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
-    let dur = |d: std::time::Duration| {
-        let (s, n) = (d.as_secs(), d.subsec_nanos());
-        quote!(#p::Duration::new(#s, #n))
-    };
-    let mut setters = Vec::new();
-    if let Some(d) = args.ttl {
-        let v = dur(d);
-        setters.push(quote!(.ttl(#v)));
-    }
-    if let Some(d) = args.wait {
-        let v = dur(d);
-        setters.push(quote!(.wait(#v)));
-    }
+    let mut setters = common_setters(args, &p);
     if let Some(d) = args.hold_at_least {
-        let v = dur(d);
+        let v = duration(&p, d);
         setters.push(quote!(.hold_at_least(#v)));
-    }
-    if let Some(b) = &args.backend {
-        setters.push(quote!(.backend(#b)));
     }
     if let Some(w) = args.watchdog {
         setters.push(quote!(.watchdog(#w)));
@@ -211,9 +188,110 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
         setters.push(quote!(.mode(#p::RwMode::#v)));
     }
 
-    // The fake return edge: makes `?`, `.into()` and early `return` in the body infer as they
-    // did in the original fn (tracing's technique), with `impl Trait` erased to `_`.
-    let ret_ty = match &sig.output {
+    let err = format_ident!("__dlock_e");
+    let fn_name = syn::ext::IdentExt::unraw(&sig.ident).to_string();
+    let on_err = match mapping {
+        // Spanned (path included) at the return type, so that a missing
+        // `E: From<LockError>` is reported there.
+        BusyMapping::Error => {
+            let p = item::respan(p.clone(), ret_span);
+            quote_spanned! {ret_span=> #p::busy_error(#err) }
+        }
+        BusyMapping::Skip => quote!(#p::skipped(&__DLOCK_SPEC, #err)),
+        BusyMapping::ByReturnType => {
+            let p = item::respan(p.clone(), ret_span);
+            quote_spanned! {ret_span=> #p::busy_return(&__DLOCK_SPEC, #err) }
+        }
+    };
+
+    let spec =
+        quote!(static __DLOCK_SPEC: #p::LockSpec = #p::LockSpec::new(#fn_name) #(#setters)*;);
+    let run = quote!(#p::run_locked);
+    wrap(
+        func,
+        &p,
+        spec,
+        key_code,
+        (run, quote!(__DLOCK_SPEC)),
+        on_err,
+    )
+}
+
+/// Refuses a function that is not `async` with `message` on its `fn` token.
+pub(crate) fn require_async(sig: &syn::Signature, message: &str, errors: &mut Errors) {
+    if sig.asyncness.is_none() {
+        errors.push_spanned(sig.fn_token.span, message);
+    }
+}
+
+/// `<crate>::__private`: `::dlock` unless the attribute's `crate = "..."` names another path.
+pub(crate) fn private_path(args: &LockArgs) -> TokenStream {
+    let krate = args
+        .crate_path
+        .clone()
+        .unwrap_or_else(|| syn::parse_quote!(::dlock));
+    quote!(#krate::__private)
+}
+
+/// The code that renders the attribute's name template (`key`, or `name` for `#[leader]`);
+/// `missing` is the error when there is none.
+pub(crate) fn name_code(
+    args: &LockArgs,
+    func: &MaybeItemFn,
+    p: &TokenStream,
+    errors: &mut Errors,
+    missing: &str,
+) -> TokenStream {
+    match &args.key {
+        None => {
+            errors.push_spanned(Span::call_site(), missing);
+            TokenStream::new()
+        }
+        Some(lit) => key_code(lit, func, p, errors),
+    }
+}
+
+/// A `Duration` known at compile time, as a const expression.
+pub(crate) fn duration(p: &TokenStream, d: std::time::Duration) -> TokenStream {
+    let (s, n) = (d.as_secs(), d.subsec_nanos());
+    quote!(#p::Duration::new(#s, #n))
+}
+
+/// The spec setters every attribute shares: `ttl`, `wait` and `backend`.
+pub(crate) fn common_setters(args: &LockArgs, p: &TokenStream) -> Vec<TokenStream> {
+    let mut setters = Vec::new();
+    if let Some(d) = args.ttl {
+        let v = duration(p, d);
+        setters.push(quote!(.ttl(#v)));
+    }
+    if let Some(d) = args.wait {
+        let v = duration(p, d);
+        setters.push(quote!(.wait(#v)));
+    }
+    if let Some(b) = &args.backend {
+        setters.push(quote!(.backend(#b)));
+    }
+    setters
+}
+
+/// The new function: the signature untouched; the body declares `spec` (the static item named
+/// `run.1`), binds the rendered name to `__dlock_key`, runs the original body by
+/// `run.0(&spec, __dlock_key, body)` and maps its `Err(__dlock_e)` with `on_err`.
+///
+/// The body starts with a fake return edge that makes `?`, `.into()` and early `return` in the
+/// body infer as they did in the original fn (tracing's technique), with `impl Trait` erased
+/// to `_`.
+pub(crate) fn wrap(
+    func: &MaybeItemFn,
+    p: &TokenStream,
+    spec: TokenStream,
+    name_code: TokenStream,
+    run: (TokenStream, TokenStream),
+    on_err: TokenStream,
+) -> TokenStream {
+    let (runner, spec_name) = run;
+    let ret_span = item::return_span(&func.sig);
+    let ret_ty = match &func.sig.output {
         ReturnType::Default => quote!(()),
         ReturnType::Type(_, ty) => {
             let mut ty = (**ty).clone();
@@ -221,8 +299,7 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
             ty.into_token_stream()
         }
     };
-    let ret_ty_span = ret_span;
-    let fake_return = quote_spanned! {ret_ty_span=>
+    let fake_return = quote_spanned! {ret_span=>
         #[allow(
             unknown_lints,
             unreachable_code,
@@ -238,22 +315,6 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
             return __dlock_fake_return;
         }
     };
-
-    let err = format_ident!("__dlock_e");
-    let on_err = match mapping {
-        // Spanned (path included) at the return type, so that a missing
-        // `E: From<LockError>` is reported there.
-        BusyMapping::Error => {
-            let p = item::respan(p.clone(), ret_span);
-            quote_spanned! {ret_span=> #p::busy_error(#err) }
-        }
-        BusyMapping::Skip => quote!(#p::skipped(&__DLOCK_SPEC, #err)),
-        BusyMapping::ByReturnType => {
-            let p = item::respan(p.clone(), ret_span);
-            quote_spanned! {ret_span=> #p::busy_return(&__DLOCK_SPEC, #err) }
-        }
-    };
-
     let MaybeItemFn {
         outer_attrs,
         inner_attrs,
@@ -265,9 +326,9 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
         #(#outer_attrs)*
         #vis #sig {
             #(#inner_attrs)*
-            static __DLOCK_SPEC: #p::LockSpec = #p::LockSpec::new(#fn_name) #(#setters)*;
-            let __dlock_key = #key_code;
-            match #p::run_locked(&__DLOCK_SPEC, __dlock_key, async move {
+            #spec
+            let __dlock_key = #name_code;
+            match #runner(&#spec_name, __dlock_key, async move {
                 #fake_return
                 #body
             })
@@ -275,7 +336,7 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
             {
                 #p::core::result::Result::Ok(__dlock_v) => __dlock_v,
                 #[allow(clippy::useless_conversion)]
-                #p::core::result::Result::Err(#err) => #on_err,
+                #p::core::result::Result::Err(__dlock_e) => #on_err,
             }
         }
     }
