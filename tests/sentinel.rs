@@ -164,6 +164,49 @@ async fn min_replicas_with_the_replica_stopped_fails_typed_and_leaves_no_lock() 
     assert_eq!(n, 0, "the unconfirmed grant was left on the master");
 }
 
+/// The same for semaphores: with `min_replicas(1, ..)` a permit grant is confirmed by the
+/// replica; with the replica stopped it fails with a typed error and leaves no permit on the
+/// master. (Before, semaphores answered `Unsupported` with `min_replicas`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_replicas_semaphore_grants_wait_for_the_replica_and_leave_nothing_unconfirmed() {
+    let mut set = start_set().await;
+    let b: Arc<dyn Backend> = Arc::new(
+        SentinelBackend::builder(MASTER, set.sentinel_urls())
+            .min_replicas(1, Duration::from_millis(300))
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let g = dlock::Semaphore::new("sem-wait-ok", 2)
+        .with_backend(b.clone())
+        .acquire()
+        .await
+        .expect("the replica confirms");
+    g.release().await.unwrap();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().pause());
+    let t = Instant::now();
+    let r = dlock::Semaphore::new("sem-wait-fail", 2)
+        .with_backend(b.clone())
+        .acquire()
+        .await;
+    let took = t.elapsed();
+    tokio::task::block_in_place(|| set.replica.as_mut().unwrap().resume());
+    assert!(matches!(r, Err(LockError::Backend { .. })), "{r:?}");
+    assert!(took < Duration::from_secs(3), "took {took:?}");
+    let mut con = set.master.as_ref().unwrap().admin_async().await;
+    // The semaphore's leases zset (`dlock:sem:{E}:z`) holds no owner.
+    let leases = format!(
+        "dlock:sem:{}:z",
+        &dlock::backend::redis_keys("sem-wait-fail").lock["dlock:".len()..]
+    );
+    let n: i64 = redis::cmd("ZCARD")
+        .arg(&leases)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "the unconfirmed permit grant was left on the master");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn init_sentinel_registers_and_bad_input_is_typed() {
     let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))

@@ -14,7 +14,7 @@ use redis::aio::{
 };
 use redis::{
     AsyncConnectionConfig, Client, Cmd, ErrorKind, Pipeline, ProtocolVersion, PushInfo, PushKind,
-    RedisError, RedisFuture, ServerErrorKind, Value,
+    RedisError, RedisFuture, Script, ServerErrorKind, Value,
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio::time::Instant;
@@ -1100,9 +1100,10 @@ pub(crate) fn redact_url(url: &str) -> String {
     crate::redact::redact_url(url)
 }
 
-/// Sends `pipe` (an acquire [`scripts::evalsha`] and a `WAIT`); a `NOSCRIPT` answer to the
+/// Sends `pipe` (an [`scripts::evalsha`] of `script` and a `WAIT`); a `NOSCRIPT` answer to the
 /// script (which then did not run) loads it and sends the pipeline again.
 async fn run_with_wait(
+    script: &Script,
     pipe: &Pipeline,
     con: &mut impl ConnectionLike,
 ) -> redis::RedisResult<(Value, Option<Value>)> {
@@ -1129,7 +1130,7 @@ async fn run_with_wait(
                 first => return Ok((first, second)),
             }
         }
-        scripts::ACQUIRE.prepare_invoke().load_async(con).await?;
+        script.prepare_invoke().load_async(con).await?;
         loaded = true;
     }
 }
@@ -1791,7 +1792,7 @@ impl RedisBackend {
                         .cmd("WAIT")
                         .arg(n)
                         .arg(timeout.as_millis() as u64);
-                    run_with_wait(&pipe, &mut con).await
+                    run_with_wait(&scripts::ACQUIRE, &pipe, &mut con).await
                 }
             }
         };

@@ -23,7 +23,9 @@ use std::time::Duration;
 use redis::{Script, Value};
 use tokio::sync::oneshot;
 
-use super::{Ctl, DataConn, FENCE_GRACE, PinOnDrop, RedisBackend, is_refusal, map_err, ms};
+use super::{
+    Ctl, DataConn, FENCE_GRACE, PinOnDrop, RedisBackend, is_refusal, map_err, ms, run_with_wait,
+};
 use crate::backend::{Acquired, Extended, Released, Watch};
 use crate::{LockError, key, scripts};
 
@@ -96,6 +98,24 @@ impl RedisBackend {
         permits: u32,
         ttl: Duration,
     ) -> Result<Acquired, LockError> {
+        self.sem_try_acquire_then_wait(name, owner, max, permits, ttl, None)
+            .await
+            .map(|(a, _)| a)
+    }
+
+    /// [`RedisBackend::sem_try_acquire`]; with `wait = Some((n, timeout))` the script is followed
+    /// by `WAIT n timeout` in one pipeline on the same connection (the Sentinel backend's
+    /// `min_replicas`), whose answer is returned beside the grant (as
+    /// [`RedisBackend::acquire_then_wait`] does for a lock).
+    pub(crate) async fn sem_try_acquire_then_wait(
+        &self,
+        name: &str,
+        owner: &str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+        wait: Option<(usize, Duration)>,
+    ) -> Result<(Acquired, Option<Result<usize, String>>), LockError> {
         let (mut con, _) = self.conn(name)?;
         con.defer_replace = true;
         let mut pin = PinOnDrop {
@@ -119,7 +139,19 @@ impl RedisBackend {
             .arg(permits)
             .arg(ms(ttl))
             .arg(ms(ttl + FENCE_GRACE));
-        let r: redis::RedisResult<Value> = scripts::run(&ACQUIRE, &cmd, &mut con).await;
+        let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
+            None => scripts::run(&ACQUIRE, &cmd, &mut con)
+                .await
+                .map(|v| (v, None)),
+            Some((n, timeout)) => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd)
+                    .cmd("WAIT")
+                    .arg(n)
+                    .arg(timeout.as_millis() as u64);
+                run_with_wait(&ACQUIRE, &pipe, &mut con).await
+            }
+        };
         match &r {
             Ok(_) => pin.con = None,
             Err(e) => {
@@ -129,8 +161,12 @@ impl RedisBackend {
                 }
             }
         }
-        let v = r.map_err(|e| map_err(name, e))?;
-        acquire_reply(name, max, &v)
+        let (v, acked) = r.map_err(|e| map_err(name, e))?;
+        let acked = acked.map(|v| match v {
+            Value::Int(k) => Ok(k.max(0) as usize),
+            other => Err(format!("unexpected WAIT reply {other:?}")),
+        });
+        Ok((acquire_reply(name, max, &v)?, acked))
     }
 
     /// One owner-checked release of every permit of `owner`, behind its unanswered acquire

@@ -1,9 +1,9 @@
 //! The Sentinel backend's semaphores: the single-node scripts (`redis/semaphore.rs`) on the
 //! current master, a failed call refreshing the master as a lock call does.
 //!
-//! Two limits, stated in the README's engine table: with `min_replicas` set, semaphores answer
-//! [`LockError::Unsupported`] (a permit grant is not followed by `WAIT` yet, and a grant the
-//! replicas never saw must not look as safe as a lock's); and a waiter is subscribed on the
+//! With `min_replicas(n, t)`, every grant is followed by `WAIT n t` in one pipeline on the
+//! connection that wrote it, exactly as a lock's grant is; a grant fewer than `n` replicas
+//! confirmed is given back and answered with a backend error. A waiter is subscribed on the
 //! master of the moment it queued, so after a failover it is woken by its lease timers (the
 //! first holder's lease end), not by releases on the new master, until its acquisition ends.
 
@@ -14,13 +14,6 @@ use crate::LockError;
 use crate::backend::{Acquired, Extended, Released, Watch};
 
 impl SentinelBackend {
-    fn sem_unsupported(&self, name: &str) -> Result<(), LockError> {
-        match self.inner.cfg.min_replicas {
-            Some(_) => Err(LockError::unsupported(name, "semaphores with min_replicas")),
-            None => Ok(()),
-        }
-    }
-
     pub(super) async fn sem_try_acquire(
         &self,
         name: &str,
@@ -29,17 +22,41 @@ impl SentinelBackend {
         permits: u32,
         ttl: Duration,
     ) -> Result<Acquired, LockError> {
-        self.sem_unsupported(name)?;
         let b = self.inner.current().backend.clone();
-        let r = b.sem_try_acquire(name, owner, max, permits, ttl).await;
-        if matches!(r, Err(LockError::Backend { .. })) {
-            self.inner.refresh().await;
+        let min_replicas = self.inner.cfg.min_replicas;
+        let r = b
+            .sem_try_acquire_then_wait(name, owner, max, permits, ttl, min_replicas)
+            .await;
+        let (r, acked) = match r {
+            // Only a failed call asks the sentinels again; a `max` mismatch is an answer.
+            Err(e @ LockError::Backend { .. }) => {
+                self.inner.refresh().await;
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+            Ok(r) => r,
+        };
+        if let (Acquired::Granted { .. }, Some((n, timeout))) = (r, min_replicas) {
+            let acked = acked.unwrap_or_else(|| Err("no WAIT reply".to_string()));
+            if !matches!(acked, Ok(k) if k >= n) {
+                // Give the permits back (the release is retried by the backend until the master
+                // answers); the caller's give-back of this try finds nothing left.
+                let _ = b.sem_release(name, owner).await;
+                return Err(LockError::backend(
+                    name,
+                    match acked {
+                        Ok(k) => format!(
+                            "only {k} of {n} replicas confirmed the permit grant within {timeout:?}; given back"
+                        ),
+                        Err(e) => format!("WAIT for {n} replicas failed ({e}); permits given back"),
+                    },
+                ));
+            }
         }
-        r
+        Ok(r)
     }
 
     pub(super) async fn sem_release(&self, name: &str, owner: &str) -> Result<Released, LockError> {
-        self.sem_unsupported(name)?;
         self.on_master(|b| async move { b.sem_release(name, owner).await })
             .await
     }
@@ -50,13 +67,11 @@ impl SentinelBackend {
         owner: &str,
         ttl: Duration,
     ) -> Result<Extended, LockError> {
-        self.sem_unsupported(name)?;
         self.on_master(|b| async move { b.sem_extend(name, owner, ttl).await })
             .await
     }
 
     pub(super) async fn sem_watch(&self, name: &str) -> Result<Watch, LockError> {
-        self.sem_unsupported(name)?;
         let b = self.inner.current().backend.clone();
         b.sem_watch(name).await
     }
