@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::redis::{
     QUEUE_LIFE, Queueing, Reaper, RefusalGate, STALL_AFTER, StallCtl, Stalls, on_release_message,
-    redact_url, stall_pass_args,
+    redact_url, stall_pass_args, unconfirmed, wait_reply,
 };
 use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
@@ -537,24 +537,12 @@ impl ClusterBackend {
         n: usize,
         timeout: Duration,
     ) -> Result<(), LockError> {
-        let acked = match acked {
-            Some(redis::Value::Int(k)) => Ok(k),
-            other => Err(format!("unexpected WAIT reply {other:?}")),
-        };
-        if matches!(acked, Ok(k) if k >= n as i64) {
+        let Some(e) = unconfirmed(name, wait_reply(acked), (n, timeout), "grant") else {
             return Ok(());
-        }
+        };
         // Give back what this call added (a fresh grant entirely, a re-entry one hold).
         let _ = self.release(name, owner, None, count <= 1).await;
-        Err(LockError::backend(
-            name,
-            match acked {
-                Ok(k) => format!(
-                    "only {k} of {n} replicas confirmed the grant within {timeout:?}; given back"
-                ),
-                Err(e) => format!("WAIT for {n} replicas failed ({e}); grant given back"),
-            },
-        ))
+        Err(e)
     }
 
     fn conn(&self, key: &str) -> Result<(ClusterConnection, Arc<Subscriber>), LockError> {

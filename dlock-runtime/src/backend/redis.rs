@@ -1100,6 +1100,60 @@ pub(crate) fn redact_url(url: &str) -> String {
     crate::redact::redact_url(url)
 }
 
+/// Runs `cmd` (an [`scripts::evalsha`] of `script`); with `wait = Some((n, timeout))` followed by
+/// `WAIT n timeout` in one pipeline on the same connection, whose reply comes second.
+pub(super) async fn run_then_wait(
+    script: &Script,
+    cmd: Cmd,
+    wait: Option<(usize, Duration)>,
+    con: &mut impl ConnectionLike,
+) -> redis::RedisResult<(Value, Option<Value>)> {
+    match wait {
+        None => scripts::run(script, &cmd, con).await.map(|v| (v, None)),
+        Some((n, timeout)) => {
+            let mut pipe = redis::pipe();
+            pipe.add_command(cmd)
+                .cmd("WAIT")
+                .arg(n)
+                .arg(timeout.as_millis() as u64);
+            run_with_wait(script, &pipe, con).await
+        }
+    }
+}
+
+/// The number of replicas a `WAIT` reply counts, or why it counts none.
+pub(crate) fn wait_reply(v: Option<Value>) -> Option<Result<usize, String>> {
+    v.map(|v| match v {
+        Value::Int(k) => Ok(k.max(0) as usize),
+        other => Err(format!("unexpected WAIT reply {other:?}")),
+    })
+}
+
+/// `None` when a grant followed by `WAIT n timeout` (`wait`) was confirmed by at least `n`
+/// replicas (`acked`, see [`wait_reply`]); otherwise the error to answer once the caller gave
+/// the grant back (`what`: "grant", "permit grant").
+pub(crate) fn unconfirmed(
+    name: &str,
+    acked: Option<Result<usize, String>>,
+    wait: (usize, Duration),
+    what: &str,
+) -> Option<LockError> {
+    let (n, timeout) = wait;
+    let acked = acked.unwrap_or_else(|| Err("no WAIT reply".to_string()));
+    if matches!(acked, Ok(k) if k >= n) {
+        return None;
+    }
+    Some(LockError::backend(
+        name,
+        match acked {
+            Ok(k) => format!(
+                "only {k} of {n} replicas confirmed the {what} within {timeout:?}; given back"
+            ),
+            Err(e) => format!("WAIT for {n} replicas failed ({e}); {what} given back"),
+        },
+    ))
+}
+
 /// Sends `pipe` (an [`scripts::evalsha`] of `script` and a `WAIT`); a `NOSCRIPT` answer to the
 /// script (which then did not run) loads it and sends the pipeline again.
 async fn run_with_wait(
@@ -1781,21 +1835,7 @@ impl RedisBackend {
             .registration
             .due(owner)
             .then(|| write_holder(&self.inner.registration, con.con.clone(), owner));
-        let call = async {
-            match wait {
-                None => scripts::run(&scripts::ACQUIRE, &cmd, &mut con)
-                    .await
-                    .map(|v| (v, None)),
-                Some((n, timeout)) => {
-                    let mut pipe = redis::pipe();
-                    pipe.add_command(cmd)
-                        .cmd("WAIT")
-                        .arg(n)
-                        .arg(timeout.as_millis() as u64);
-                    run_with_wait(&scripts::ACQUIRE, &pipe, &mut con).await
-                }
-            }
-        };
+        let call = run_then_wait(&scripts::ACQUIRE, cmd, wait, &mut con);
         let r: redis::RedisResult<(Value, Option<Value>)> = match holder_write {
             // Written first on the same connection: answered before the script, no round trip
             // added.
@@ -1839,11 +1879,7 @@ impl RedisBackend {
         if let (Some(channel), Acquired::Busy { .. }) = (&queued, acquired) {
             sub.queueing.mark(channel);
         }
-        let acked = acked.map(|v| match v {
-            Value::Int(k) => Ok(k.max(0) as usize),
-            other => Err(format!("unexpected WAIT reply {other:?}")),
-        });
-        Ok((acquired, acked, held_by))
+        Ok((acquired, wait_reply(acked), held_by))
     }
 
     /// The release channel of `lock` when a call for it should queue this runtime on the

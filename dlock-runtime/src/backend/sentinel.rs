@@ -30,7 +30,7 @@ use redis::{ProtocolVersion, PushInfo, PushKind};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::redis::{RedisBackend, RedisBackendBuilder};
+use super::redis::{RedisBackend, RedisBackendBuilder, unconfirmed};
 use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
@@ -509,21 +509,12 @@ impl Inner {
             }
             Ok(r) => r,
         };
-        if let (Acquired::Granted { count, .. }, Some((n, timeout))) = (r, self.cfg.min_replicas) {
-            let acked = acked.unwrap_or_else(|| Err("no WAIT reply".to_string()));
-            if !matches!(acked, Ok(k) if k >= n) {
-                // Give back what this call added (a fresh grant entirely, a re-entry one hold).
-                let _ = backend.release(name, owner, None, count <= 1).await;
-                return Err(LockError::backend(
-                    name,
-                    match acked {
-                        Ok(k) => format!(
-                            "only {k} of {n} replicas confirmed the grant within {timeout:?}; given back"
-                        ),
-                        Err(e) => format!("WAIT for {n} replicas failed ({e}); grant given back"),
-                    },
-                ));
-            }
+        if let (Acquired::Granted { count, .. }, Some(wait)) = (r, self.cfg.min_replicas)
+            && let Some(e) = unconfirmed(name, acked, wait, "grant")
+        {
+            // Give back what this call added (a fresh grant entirely, a re-entry one hold).
+            let _ = backend.release(name, owner, None, count <= 1).await;
+            return Err(e);
         }
         Ok(r)
     }

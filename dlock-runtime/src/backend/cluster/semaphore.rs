@@ -16,6 +16,7 @@ use super::{
 };
 use crate::LockError;
 use crate::backend::redis::semaphore::{acquire_reply, sem_keys};
+use crate::backend::redis::{unconfirmed, wait_reply};
 use crate::backend::{Acquired, Extended, Released, Watch};
 
 const ACQUIRE_SRC: &str = include_str!("../redis/semaphore_acquire.lua");
@@ -60,25 +61,12 @@ impl ClusterBackend {
         .await
         .map_err(|e| LockError::backend(name, e))?;
         let a = acquire_reply(name, max, &r)?;
-        if let (Acquired::Granted { .. }, Some((n, timeout))) = (a, self.inner.min_replicas) {
-            let acked = match acked {
-                Some(redis::Value::Int(k)) => Ok(k),
-                other => Err(format!("unexpected WAIT reply {other:?}")),
-            };
-            if !matches!(acked, Ok(k) if k >= n as i64) {
-                let _ = self.sem_release_once(name, owner).await;
-                return Err(LockError::backend(
-                    name,
-                    match acked {
-                        Ok(k) => format!(
-                            "only {k} of {n} replicas confirmed the permit grant within {timeout:?}; given back"
-                        ),
-                        Err(e) => {
-                            format!("WAIT for {n} replicas failed ({e}); permit grant given back")
-                        }
-                    },
-                ));
-            }
+        if let (Acquired::Granted { .. }, Some(wait)) = (a, self.inner.min_replicas)
+            && let Some(e) = unconfirmed(name, wait_reply(acked), wait, "permit grant")
+        {
+            // Retried by the backend's reaper until the cluster answers.
+            let _ = self.sem_release(name, owner).await;
+            return Err(e);
         }
         Ok(a)
     }

@@ -24,7 +24,8 @@ use redis::{Script, Value};
 use tokio::sync::oneshot;
 
 use super::{
-    Ctl, DataConn, FENCE_GRACE, PinOnDrop, RedisBackend, is_refusal, map_err, ms, run_with_wait,
+    Ctl, DataConn, FENCE_GRACE, PinOnDrop, RedisBackend, is_refusal, map_err, ms, run_then_wait,
+    wait_reply,
 };
 use crate::backend::{Acquired, Extended, Released, Watch};
 use crate::{LockError, key, scripts};
@@ -139,19 +140,7 @@ impl RedisBackend {
             .arg(permits)
             .arg(ms(ttl))
             .arg(ms(ttl + FENCE_GRACE));
-        let r: redis::RedisResult<(Value, Option<Value>)> = match wait {
-            None => scripts::run(&ACQUIRE, &cmd, &mut con)
-                .await
-                .map(|v| (v, None)),
-            Some((n, timeout)) => {
-                let mut pipe = redis::pipe();
-                pipe.add_command(cmd)
-                    .cmd("WAIT")
-                    .arg(n)
-                    .arg(timeout.as_millis() as u64);
-                run_with_wait(&ACQUIRE, &pipe, &mut con).await
-            }
-        };
+        let r = run_then_wait(&ACQUIRE, cmd, wait, &mut con).await;
         match &r {
             Ok(_) => pin.con = None,
             Err(e) => {
@@ -162,11 +151,7 @@ impl RedisBackend {
             }
         }
         let (v, acked) = r.map_err(|e| map_err(name, e))?;
-        let acked = acked.map(|v| match v {
-            Value::Int(k) => Ok(k.max(0) as usize),
-            other => Err(format!("unexpected WAIT reply {other:?}")),
-        });
-        Ok((acquire_reply(name, max, &v)?, acked))
+        Ok((acquire_reply(name, max, &v)?, wait_reply(acked)))
     }
 
     /// One owner-checked release of every permit of `owner`, behind its unanswered acquire

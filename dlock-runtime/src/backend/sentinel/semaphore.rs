@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::SentinelBackend;
 use crate::LockError;
+use crate::backend::redis::unconfirmed;
 use crate::backend::{Acquired, Extended, Released, Watch};
 
 impl SentinelBackend {
@@ -36,22 +37,13 @@ impl SentinelBackend {
             Err(e) => return Err(e),
             Ok(r) => r,
         };
-        if let (Acquired::Granted { .. }, Some((n, timeout))) = (r, min_replicas) {
-            let acked = acked.unwrap_or_else(|| Err("no WAIT reply".to_string()));
-            if !matches!(acked, Ok(k) if k >= n) {
-                // Give the permits back (the release is retried by the backend until the master
-                // answers); the caller's give-back of this try finds nothing left.
-                let _ = b.sem_release(name, owner).await;
-                return Err(LockError::backend(
-                    name,
-                    match acked {
-                        Ok(k) => format!(
-                            "only {k} of {n} replicas confirmed the permit grant within {timeout:?}; given back"
-                        ),
-                        Err(e) => format!("WAIT for {n} replicas failed ({e}); permits given back"),
-                    },
-                ));
-            }
+        if let (Acquired::Granted { .. }, Some(wait)) = (r, min_replicas)
+            && let Some(e) = unconfirmed(name, acked, wait, "permit grant")
+        {
+            // Give the permits back (the release is retried by the backend until the master
+            // answers); the caller's give-back of this try finds nothing left.
+            let _ = b.sem_release(name, owner).await;
+            return Err(e);
         }
         Ok(r)
     }
