@@ -297,7 +297,9 @@ impl Inner {
                 .with_sort(SortTarget::Create, SortOrder::Ascend)
         };
         let (key, rev, lease, all, header_rev, refreshed, last, new_key) = match existing {
-            Some((key, rev, held, lease, hmeta)) if rev > 0 && !lease.dead.load(Ordering::Acquire) => {
+            Some((key, rev, held, lease, hmeta))
+                if rev > 0 && !lease.dead.load(Ordering::Acquire) =>
+            {
                 let txn = Txn::new().and_then([
                     TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())),
                     TxnOp::get(dir.clone(), Some(list_opts())),
@@ -477,7 +479,9 @@ impl Inner {
             // take the entry back now rather than leave it queued. A writer's stays: it is the
             // "writer waiting" marker.
             let remaining = match (meta, all.first()) {
-                (Meta::Permits { .. }, Some(first)) => self.lease_left(name, &first.key, bound).await,
+                (Meta::Permits { .. }, Some(first)) => {
+                    self.lease_left(name, &first.key, bound).await
+                }
                 _ => None,
             };
             self.q_abandon(&hk).await;
@@ -600,7 +604,10 @@ impl Inner {
                 let until = {
                     let Some(me) = me.upgrade() else { return };
                     let holds = me.qholds();
-                    match holds.get(&hk).and_then(|h| h.marker_until.filter(|_| !h.held)) {
+                    match holds
+                        .get(&hk)
+                        .and_then(|h| h.marker_until.filter(|_| !h.held))
+                    {
                         Some(u) => u,
                         None => return,
                     }
@@ -670,7 +677,10 @@ impl Inner {
             return Ok(Released::NotOwner);
         };
         if !orphan {
-            return Err(be(&hk.1, "etcd: the delete of this entry is still in flight"));
+            return Err(be(
+                &hk.1,
+                "etcd: the delete of this entry is still in flight",
+            ));
         }
         let me = Arc::clone(self);
         let attempt = self.driver.handle.spawn(async move {
