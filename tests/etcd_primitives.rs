@@ -297,3 +297,33 @@ async fn a_downgrade_keeps_the_writers_place_in_the_queue() {
     r2.release().await.unwrap();
     until_count(&cluster, dir, 0).await;
 }
+
+/// A reader whose wait ran out (its entry was queued on the server behind a writer) takes the
+/// entry away with it: once the writer releases, another writer gets the lock at once with a
+/// single try (a leftover reader entry, kept alive by its backend's lease, would hold every
+/// writer back for as long as that process lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reader_that_stops_waiting_leaves_no_entry_behind() {
+    let cluster = start().await;
+    let dir = "/dlock/.rw/gone/";
+    let b = Arc::new(etcd_backend(&cluster).await);
+    let w1 = RwLock::new("gone")
+        .with_backend(Arc::new(etcd_backend(&cluster).await))
+        .write()
+        .await
+        .unwrap();
+    let r = RwLock::new("gone")
+        .wait(Duration::from_millis(300))
+        .with_backend(b.clone())
+        .read()
+        .await;
+    assert!(matches!(r, Err(dlock::LockError::TimedOut { .. })), "{r:?}");
+    w1.release().await.unwrap();
+    until_count(&cluster, dir, 0).await;
+    let w2 = RwLock::new("gone")
+        .with_backend(Arc::new(etcd_backend(&cluster).await))
+        .write()
+        .await
+        .expect("no reader entry left behind");
+    w2.release().await.unwrap();
+}
