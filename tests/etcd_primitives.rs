@@ -87,6 +87,27 @@ async fn count(cluster: &EtcdCluster, prefix: &str) -> i64 {
         .count()
 }
 
+/// The keys under `prefix` with their create revisions.
+async fn entries(cluster: &EtcdCluster, prefix: &str) -> Vec<(String, i64)> {
+    let r = admin(cluster)
+        .await
+        .get(
+            prefix,
+            Some(dlock::etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    r.kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.create_revision(),
+            )
+        })
+        .collect()
+}
+
 /// Polls (bounded) until `prefix` holds `n` keys.
 async fn until_count(cluster: &EtcdCluster, prefix: &str, n: i64) {
     let t0 = Instant::now();
@@ -326,4 +347,44 @@ async fn a_reader_that_stops_waiting_leaves_no_entry_behind() {
         .await
         .expect("no reader entry left behind");
     w2.release().await.unwrap();
+}
+
+/// A waiting writer's entry is its "writer waiting" marker, which ends with the writer's ttl
+/// unless the writer's own retries renew it: a writer (ttl 600 ms) that waits 2 s behind a
+/// reader still holds new readers back (its retries renewed the marker), and goes in once the
+/// reader leaves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_writers_retries_keep_its_marker_past_its_ttl() {
+    let cluster = start().await;
+    let r = RwLock::new("marker")
+        .ttl(Duration::from_secs(10))
+        .with_backend(Arc::new(etcd_backend(&cluster).await))
+        .read()
+        .await
+        .unwrap();
+    let writer = tokio::spawn({
+        let l = RwLock::new("marker")
+            .ttl(Duration::from_millis(600))
+            .wait(Duration::from_secs(10))
+            .with_backend(Arc::new(etcd_backend(&cluster).await));
+        async move { l.write().await.map(|g| (Instant::now(), g)) }
+    });
+    until_count(&cluster, "/dlock/.rw/marker/", 2).await;
+    let before = entries(&cluster, "/dlock/.rw/marker/").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // The same entries: the writer kept its place (not given up and queued anew).
+    assert_eq!(entries(&cluster, "/dlock/.rw/marker/").await, before);
+    let late = RwLock::new("marker")
+        .with_backend(Arc::new(etcd_backend(&cluster).await))
+        .read()
+        .await;
+    assert!(
+        matches!(late, Err(ref e) if e.is_contended()),
+        "the waiting writer's marker ended while it still waited: {late:?}"
+    );
+    let released = Instant::now();
+    r.release().await.unwrap();
+    let (got, w) = writer.await.unwrap().expect("the waiting writer");
+    assert!(got.duration_since(released) < Duration::from_secs(2));
+    w.release().await.unwrap();
 }
