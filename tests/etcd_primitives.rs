@@ -388,3 +388,45 @@ async fn a_waiting_writers_retries_keep_its_marker_past_its_ttl() {
     assert!(got.duration_since(released) < Duration::from_secs(2));
     w.release().await.unwrap();
 }
+
+/// The cost of an uncontended permit or hold, once the backend's lease exists: two requests to
+/// acquire (the create transaction, which also reads the entries and the fence; the fence
+/// write) and one to release (the delete).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_uncontended_grant_costs_two_requests_and_a_release_one() {
+    let cluster = start().await;
+    let b = etcd_backend(&cluster).await;
+    let backend: Arc<dyn dlock::Backend> = Arc::new(b.clone());
+    // Warm up: the lease of this ttl is granted once per backend.
+    Semaphore::new("cost", 3)
+        .with_backend(backend.clone())
+        .acquire()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let r0 = b.requests();
+    let p = Semaphore::new("cost", 3)
+        .with_backend(backend.clone())
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(b.requests() - r0, 2, "requests to acquire a permit");
+    let r0 = b.requests();
+    p.release().await.unwrap();
+    assert_eq!(b.requests() - r0, 1, "requests to release a permit");
+    let l = RwLock::new("cost").with_backend(backend.clone());
+    let r0 = b.requests();
+    let g = l.read().await.unwrap();
+    assert_eq!(b.requests() - r0, 2, "requests to acquire a read hold");
+    let r0 = b.requests();
+    g.release().await.unwrap();
+    assert_eq!(b.requests() - r0, 1, "requests to release a read hold");
+    let r0 = b.requests();
+    let g = l.write().await.unwrap();
+    assert_eq!(b.requests() - r0, 2, "requests to acquire a write hold");
+    let r0 = b.requests();
+    g.release().await.unwrap();
+    assert_eq!(b.requests() - r0, 1, "requests to release a write hold");
+}
