@@ -49,6 +49,15 @@ macro_rules! rw_backends {
                 }
             )*
         }
+        #[cfg(feature = "etcd")]
+        mod on_etcd {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::etcd().await).await
+                }
+            )*
+        }
     };
 }
 

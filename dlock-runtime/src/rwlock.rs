@@ -68,9 +68,10 @@ impl Backend for Side {
 
     /// A waiting writer leaves a "writer waiting" marker on the server: a wait that ends
     /// without a grant releases it (the lock's `GiveUp`), so readers are not held back by a
-    /// writer that stopped waiting until the marker's lease ran out.
+    /// writer that stopped waiting until the marker's lease ran out. An engine that queues every
+    /// contender (etcd: a waiting reader's entry too) is told for both sides.
     fn queues_contenders(&self) -> bool {
-        self.side == RwSide::Write
+        self.side == RwSide::Write || self.inner.queues_contenders()
     }
 
     fn fresh_owner_per_try(&self) -> bool {

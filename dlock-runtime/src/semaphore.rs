@@ -334,4 +334,10 @@ impl Backend for Permits {
     fn lease_expires_by_ttl(&self) -> bool {
         self.inner.lease_expires_by_ttl()
     }
+
+    /// An engine that keeps a waiter's entry on the server (etcd) is told when a wait ends
+    /// without a grant: the give-up releases the entry, so later waiters are not held behind it.
+    fn queues_contenders(&self) -> bool {
+        self.inner.queues_contenders()
+    }
 }

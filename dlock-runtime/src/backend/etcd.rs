@@ -58,11 +58,14 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::driver::Driver;
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
 pub(crate) mod admin;
+mod queue;
+
+use queue::{QHold, Space};
 
 /// The default key prefix of the lock keys.
 pub(crate) const DEFAULT_PREFIX: &str = "/dlock";
@@ -204,6 +207,10 @@ impl EtcdBackendBuilder {
                 client,
                 driver,
                 holds: Mutex::new(HashMap::new()),
+                qholds: Mutex::new(HashMap::new()),
+                sem_waiters: WaitQueues::new(),
+                read_waiters: WaitQueues::new(),
+                write_waiters: WaitQueues::new(),
                 deleting: Mutex::new(HashMap::new()),
                 leases: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
@@ -298,6 +305,8 @@ impl Lease {
 /// gone (deleted, not found, or its lease ended): the to-delete set.
 #[derive(Debug)]
 struct Deleting {
+    /// `None` for a lock's key, else the semaphore's or read-write lock's space.
+    space: Option<Space>,
     name: String,
     owner: String,
     lease: Arc<Lease>,
@@ -348,6 +357,12 @@ struct Inner {
     /// [`Driver`]).
     driver: Driver,
     holds: Mutex<HashMap<(String, String), Hold>>,
+    /// Semaphore and read-write entries (see [`queue`]), by (space, name, owner).
+    qholds: Mutex<HashMap<(Space, String, String), QHold>>,
+    /// Local waiters for permits, and for each side of read-write locks.
+    sem_waiters: Arc<WaitQueues>,
+    read_waiters: Arc<WaitQueues>,
+    write_waiters: Arc<WaitQueues>,
     /// Keys being deleted, by key (see [`Deleting`]).
     deleting: Mutex<HashMap<String, Deleting>>,
     leases: Mutex<HashMap<i64, Arc<Lease>>>,
@@ -643,6 +658,7 @@ impl Inner {
         self.deleting().insert(
             h.key.clone(),
             Deleting {
+                space: None,
                 name: name.to_string(),
                 owner: owner.to_string(),
                 lease: h.lease,
@@ -671,7 +687,12 @@ impl Inner {
         // (the lock loop does not barge past them) watches nothing: wake one so it tries,
         // rather than wait for the holder's ttl. Only such a waiter: one with a queued key is
         // woken by its own predecessor's delete (no local herd, issue 19).
-        self.wake_one_keyless(&d.name);
+        match d.space {
+            None => {
+                self.wake_one_keyless(&d.name);
+            }
+            Some(space) => self.q_wake_keyless(space, &d.name),
+        }
     }
 
     /// Wakes the first local waiter of `name` that has no queued key of its own (by the owner
@@ -1236,11 +1257,27 @@ impl Inner {
         name: &str,
         key: &str,
         rev: i64,
+        last: (u64, i64),
+        bound: Duration,
+    ) -> Result<u64, LockError> {
+        self.write_fence_at(self.fence_key(name), 4, name, key, rev, last, bound)
+            .await
+    }
+
+    /// [`Inner::write_fence`] on the fence key `fence`, with at most `attempts` compare
+    /// failures (a semaphore's holders are granted side by side, so their fence writes meet).
+    #[allow(clippy::too_many_arguments)]
+    async fn write_fence_at(
+        &self,
+        fence: String,
+        attempts: u32,
+        name: &str,
+        key: &str,
+        rev: i64,
         mut last: (u64, i64),
         bound: Duration,
     ) -> Result<u64, LockError> {
-        let fence = self.fence_key(name);
-        for _ in 0..4 {
+        for _ in 0..attempts {
             let token = (last.0 + 1).max(now_micros());
             let txn = Txn::new()
                 .when([
@@ -1322,7 +1359,7 @@ impl Inner {
         let found = self
             .deleting()
             .iter()
-            .find(|(_, d)| d.name == name && d.owner == owner)
+            .find(|(_, d)| d.space.is_none() && d.name == name && d.owner == owner)
             .map(|(k, d)| (k.clone(), d.orphan, d.held));
         let Some((key, orphan, held)) = found else {
             return Ok(Released::NotOwner);
@@ -1915,6 +1952,126 @@ impl Backend for EtcdBackend {
 
     fn queues_contenders(&self) -> bool {
         true
+    }
+
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let meta = queue::Meta::Permits { n: permits, max };
+        Box::pin(self.inner.q_try(Space::Sem, name, owner, meta, ttl))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.inner.q_release(Space::Sem, None, name, owner, true))
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.q_extend(Space::Sem, name, owner, ttl))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.inner.sem_waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.inner.sem_waiters.has_waiters(name)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(
+            self.inner
+                .q_try(Space::Rw, name, owner, queue::Meta::of(side), ttl),
+        )
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let side = Some(queue::Meta::of(side));
+        Box::pin(self.inner.q_release(Space::Rw, side, name, owner, all))
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        let _ = side;
+        Box::pin(self.inner.q_extend(Space::Rw, name, owner, ttl))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.inner.q_downgrade(name, owner, ttl))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self
+            .inner
+            .q_waiters(Space::Rw, queue::Meta::of(side))
+            .register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.inner
+            .q_waiters(Space::Rw, queue::Meta::of(side))
+            .has_waiters(name)
+    }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(self.inner.put_record(name, epoch, value))
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<super::Record>, LockError>> {
+        Box::pin(self.inner.get_record(name))
     }
 
     /// The session (ZooKeeper) or the shared lease (etcd) keeps a node or key alive, not the

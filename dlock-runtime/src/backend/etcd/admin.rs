@@ -71,7 +71,8 @@ enum KeyKind {
     /// The fence key of this lock name (its last token).
     Fence(String),
     /// The backend's own bookkeeping (cancel markers under `<prefix>/.cancelled/`, lease
-    /// sentinels under `<prefix>/.leases/`).
+    /// sentinels under `<prefix>/.leases/`), and the semaphore, read-write and leader-record
+    /// keys (`.sem/`, `.rw/`, `.record/`), which the admin does not show yet.
     Internal,
     /// Anything else.
     Foreign,
@@ -91,12 +92,18 @@ fn kind_of(prefix: &str, key: &[u8]) -> KeyKind {
         return KeyKind::Foreign;
     };
     if let Some(e) = rest.strip_prefix(".fence/") {
+        if e.starts_with(".sem/") || e.starts_with(".rw/") {
+            return KeyKind::Internal;
+        }
         return match unescape(e) {
             Some(name) if !e.contains('/') => KeyKind::Fence(name),
             _ => KeyKind::Foreign,
         };
     }
-    if rest.starts_with(".cancelled/") || rest.starts_with(".leases/") {
+    if [".cancelled/", ".leases/", ".sem/", ".rw/", ".record/"]
+        .iter()
+        .any(|p| rest.starts_with(p))
+    {
         return KeyKind::Internal;
     }
     match rest.split_once('/') {
@@ -714,6 +721,10 @@ mod tests {
         );
         assert_eq!(k("/dlock/.cancelled/x/y"), KeyKind::Internal);
         assert_eq!(k("/dlock/.leases/00000000000000ab"), KeyKind::Internal);
+        assert_eq!(k("/dlock/.sem/x/00ab-cd"), KeyKind::Internal);
+        assert_eq!(k("/dlock/.rw/x/00ab-cd"), KeyKind::Internal);
+        assert_eq!(k("/dlock/.record/x"), KeyKind::Internal);
+        assert_eq!(k("/dlock/.fence/.sem/x"), KeyKind::Internal);
         assert_eq!(
             k(&format!("/dlock/.fence/{}", escape("order:42"))),
             KeyKind::Fence("order:42".into())
