@@ -35,6 +35,8 @@ fn has_records(env: &Env) -> bool {
         Kind::Memory | Kind::Redis | Kind::Redlock => true,
         #[cfg(feature = "cluster")]
         Kind::Cluster => true,
+        #[cfg(feature = "zookeeper")]
+        Kind::Zookeeper => true,
         _ => false,
     }
 }

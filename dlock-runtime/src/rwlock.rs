@@ -69,8 +69,14 @@ impl Backend for Side {
     /// A waiting writer leaves a "writer waiting" marker on the server: a wait that ends
     /// without a grant releases it (the lock's `GiveUp`), so readers are not held back by a
     /// writer that stopped waiting until the marker's lease ran out.
+    /// On a backend that queues every busy try on the server (ZooKeeper's read and write
+    /// nodes), a waiting reader's node goes the same way.
     fn queues_contenders(&self) -> bool {
-        self.side == RwSide::Write
+        self.side == RwSide::Write || self.inner.queues_contenders()
+    }
+
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
     }
 
     fn fresh_owner_per_try(&self) -> bool {

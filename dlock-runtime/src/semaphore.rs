@@ -421,4 +421,14 @@ impl Backend for Permits {
     fn lease_expires_by_ttl(&self) -> bool {
         self.inner.lease_expires_by_ttl()
     }
+
+    /// A backend that keeps a busy try queued on the server (ZooKeeper's nodes) is told when a
+    /// wait for permits ends without a grant, as for a lock.
+    fn queues_contenders(&self) -> bool {
+        self.inner.queues_contenders()
+    }
+
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
+    }
 }
