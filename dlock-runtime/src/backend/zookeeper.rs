@@ -640,6 +640,8 @@ impl Drop for TaskCount {
 
 /// Attempts at storing a grant's token whose parent version moved on (see `grant_token`).
 const TOKEN_CAS_TRIES: usize = 8;
+/// The same for a semaphore's or a read-write lock's grant, whose holders grant at once.
+const SHARED_TOKEN_CAS_TRIES: usize = 64;
 
 /// The token stored in a lock parent's data (`"<token> <holder node>"`) and the node it was
 /// granted to; `None` for a parent that has none (new, or written by nothing else).
@@ -1449,7 +1451,14 @@ impl Inner {
         touch: bool,
     ) -> Result<u64, LockError> {
         let (mut data, mut stat) = parent;
-        for _ in 0..TOKEN_CAS_TRIES {
+        // Holders at once (permits, readers) store their tokens at once: each round one of
+        // them wins, so they get more rounds than a lock's single holder.
+        let tries = if key.prim == Prim::Lock {
+            TOKEN_CAS_TRIES
+        } else {
+            SHARED_TOKEN_CAS_TRIES
+        };
+        for _ in 0..tries {
             let last = last_token(&data).map_or(0, |(t, _)| t);
             let token = last.saturating_add(1).max(floor);
             let mut w = c.new_check_writer(path, None).map_err(|e| be(name, e))?;

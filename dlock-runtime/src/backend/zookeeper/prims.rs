@@ -14,7 +14,6 @@
 //!   persistent node whose data is `<epoch> <value>`.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use zookeeper_client as zk;
 
@@ -156,7 +155,7 @@ impl Inner {
         let dir = self.dir_of(Prim::Write, name);
         let mine = h.path.rsplit('/').next().unwrap_or("").to_string();
         let (mut data, mut stat) = self.bounded(name, c.get_data(&dir)).await?;
-        for _ in 0..super::TOKEN_CAS_TRIES {
+        for _ in 0..super::SHARED_TOKEN_CAS_TRIES {
             let last = last_token(&data).map_or(0, |(t, _)| t);
             let token = last.saturating_add(1).max(h.token.saturating_add(1));
             let mut w = c.new_multi_writer();
