@@ -1018,7 +1018,7 @@ impl Inner {
 
     /// The local wait queue of a primitive (each its own: a semaphore's waiters never share a
     /// queue with the lock's of the same name).
-    fn queue(&self, prim: Prim) -> &WaitQueues {
+    fn queue(&self, prim: Prim) -> &Arc<WaitQueues> {
         match prim {
             Prim::Lock => &self.waiters,
             Prim::Sem => &self.sem_waiters,
