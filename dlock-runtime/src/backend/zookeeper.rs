@@ -1007,9 +1007,7 @@ impl Inner {
         let queued: Vec<String> = self
             .holds()
             .iter()
-            .filter(|(k, h)| {
-                k.prim == prim && k.name == name && !h.held && h.releasing.is_none()
-            })
+            .filter(|(k, h)| k.prim == prim && k.name == name && !h.held && h.releasing.is_none())
             .map(|(k, _)| k.owner.clone())
             .collect();
         self.queue(prim)

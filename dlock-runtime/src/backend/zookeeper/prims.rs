@@ -252,7 +252,10 @@ impl Inner {
                 }
                 Err(e) if is_no_node(&e) => {
                     let opts = zk::CreateMode::Persistent.with_acls(self.cfg.node_acls());
-                    match self.bounded(name, c.create(&path, data.as_bytes(), &opts)).await {
+                    match self
+                        .bounded(name, c.create(&path, data.as_bytes(), &opts))
+                        .await
+                    {
                         Ok(_) => return Ok(true),
                         Err(e) if is_zk(&e, &zk::Error::NodeExists) => {}
                         Err(e) if is_no_node(&e) => {
@@ -270,7 +273,10 @@ impl Inner {
                 Err(e) => return Err(e),
             }
         }
-        Err(be(name, "the ZooKeeper leader record kept changing under this write"))
+        Err(be(
+            name,
+            "the ZooKeeper leader record kept changing under this write",
+        ))
     }
 
     /// Reads the record of the lock `name` (after a `sync`, so a record written through
