@@ -36,6 +36,9 @@
 //!   cut off from the leader: at most [`session_lease`] (the session timeout less how far
 //!   behind the leader's record of the session may be) from the send time of the last check or
 //!   grant confirmed through the leader.
+//!
+//! Semaphores, read-write locks and leader records use the same nodes, tokens, watches and
+//! reaper, each primitive in a directory of its own beside the lock's: see `zookeeper/prims.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
