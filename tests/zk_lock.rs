@@ -1063,7 +1063,10 @@ async fn a_downgraded_hold_keeps_its_place_before_queued_writers_and_their_reade
     tokio::time::sleep(Duration::from_millis(200)).await;
     let r2 = spawn_side(rw(zk_backend(&server).await), "r2", false);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(events.lock().unwrap().is_empty(), "nobody beside the writer");
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "nobody beside the writer"
+    );
     let r = w1.downgrade().await.unwrap();
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(
