@@ -37,6 +37,8 @@ fn has_records(env: &Env) -> bool {
         Kind::Cluster => true,
         #[cfg(feature = "etcd")]
         Kind::Etcd => true,
+        #[cfg(feature = "zookeeper")]
+        Kind::Zookeeper => true,
         _ => false,
     }
 }

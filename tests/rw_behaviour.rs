@@ -58,6 +58,15 @@ macro_rules! rw_backends {
                 }
             )*
         }
+        #[cfg(feature = "zookeeper")]
+        mod on_zookeeper {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::zookeeper().await).await
+                }
+            )*
+        }
     };
 }
 
@@ -311,6 +320,11 @@ async fn upgrade_is_refused_with_a_typed_error_and_read_in_write_reenters(env: E
 /// A reader that stops without a release or renewal (as a crashed process) keeps writers out
 /// only until its lease ends by the store's clock.
 async fn a_crashed_readers_hold_ends_after_its_ttl(env: Env) {
+    #[cfg(feature = "zookeeper")]
+    if !env.lease_expires_by_ttl() {
+        // Session-based engine: the lease is the session; check its equivalent.
+        return a_crashed_readers_hold_ends_with_its_session(&env).await;
+    }
     let name = "rw-crash";
     let r = rw(&env, name)
         .ttl(Duration::from_millis(600))
@@ -342,9 +356,56 @@ async fn a_crashed_readers_hold_ends_after_its_ttl(env: Env) {
     w.release().await.unwrap();
 }
 
+/// ZooKeeper's equivalent of the ttl test: the reader's process hangs or crashes (its
+/// connection goes silent); its session, which keeps its read node, ends by the server's
+/// session timeout, and only then does a writer of another client get in.
+#[cfg(feature = "zookeeper")]
+async fn a_crashed_readers_hold_ends_with_its_session(env: &Env) {
+    let name = "rw-crash-session";
+    let (proxy, crashing) = env.zk_crashable_backend().await;
+    let session = crashing.session_timeout();
+    let r = RwLock::new(name)
+        .with_backend(Arc::new(crashing.clone()))
+        .ttl(Duration::from_secs(60))
+        .watchdog(false)
+        .read()
+        .await
+        .unwrap();
+    let survivor = rw(env, name)
+        .ttl(Duration::from_secs(5))
+        .read()
+        .await
+        .unwrap();
+    // The crash: no release, no renewal and no ping from here on.
+    std::mem::forget(r);
+    proxy.set_mode(common::proxy::Mode::Blackhole);
+    let t0 = Instant::now();
+    survivor.release().await.unwrap();
+    let w = rw_other(env, name)
+        .await
+        .wait(Duration::from_secs(15))
+        .write()
+        .await
+        .unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= session * 3 / 4,
+        "the crashed reader's hold ended early ({waited:?}, session {session:?})"
+    );
+    assert!(waited < session + Duration::from_secs(3), "{waited:?}");
+    w.release().await.unwrap();
+    drop(proxy);
+}
+
 /// A writer that dies while waiting leaves its "writer waiting" marker behind; new readers are
 /// held back by it only until its lease (the writer's ttl) ends.
 async fn a_dead_waiting_writers_marker_ends_with_its_lease(env: Env) {
+    #[cfg(feature = "zookeeper")]
+    if !env.lease_expires_by_ttl() {
+        // Session-based engine: the marker (a queued write node) lives as long as the
+        // session of the writer; check its equivalent.
+        return a_dead_waiting_writers_node_ends_with_its_session(&env).await;
+    }
     let name = "rw-ghost";
     let r = rw(&env, name).read().await.unwrap();
     // A writer's busy try, by hand: it sets the marker and then "dies".
@@ -369,6 +430,46 @@ async fn a_dead_waiting_writers_marker_ends_with_its_lease(env: Env) {
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     g.release().await.unwrap();
     r.release().await.unwrap();
+}
+
+/// ZooKeeper's equivalent: a writer that dies while waiting leaves its queued write node;
+/// new readers are held back by it only until its session ends (the server's session timeout
+/// after its connection went silent).
+#[cfg(feature = "zookeeper")]
+async fn a_dead_waiting_writers_node_ends_with_its_session(env: &Env) {
+    use dlock::Backend as _;
+    let name = "rw-ghost-session";
+    let r = rw(env, name).read().await.unwrap();
+    let (proxy, crashing) = env.zk_crashable_backend().await;
+    let session = crashing.session_timeout();
+    // A writer's busy try, by hand: it queues its node and then "dies".
+    let a = crashing
+        .rw_try_acquire(RwSide::Write, name, "ghost", Duration::from_millis(600))
+        .await
+        .unwrap();
+    assert!(matches!(a, Acquired::Busy { .. }), "{a:?}");
+    proxy.set_mode(common::proxy::Mode::Blackhole);
+    let t0 = Instant::now();
+    let busy = rw_other(env, name).await.read().await;
+    assert!(
+        matches!(busy, Err(LockError::Busy { .. })),
+        "writer preference: a new reader waits behind the queued writer: {busy:?}"
+    );
+    let g = rw_other(env, name)
+        .await
+        .wait(Duration::from_secs(15))
+        .read()
+        .await
+        .unwrap();
+    let waited = t0.elapsed();
+    assert!(
+        waited >= session * 3 / 4,
+        "the dead writer's node went early ({waited:?}, session {session:?})"
+    );
+    assert!(waited < session + Duration::from_secs(3), "{waited:?}");
+    g.release().await.unwrap();
+    r.release().await.unwrap();
+    drop(proxy);
 }
 
 /// A writer whose wait ran out takes its marker away with it: a new reader gets in at once.

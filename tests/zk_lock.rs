@@ -942,3 +942,150 @@ async fn a_root_made_by_one_digest_identity_lets_another_lock_its_own_names() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(c.check_stat("/apps/dlock").await.unwrap().is_some());
 }
+
+/// Semaphores on ZooKeeper, across sessions (each waiter on a backend of its own, as separate
+/// processes): a release of 3 permits to 6 waiters of 1 permit each grants the first three in
+/// arrival order, and costs 4 watch notifications in all (the first waiter's listing watch,
+/// then each grant's rewrite of its node wakes the next waiter; the fourth finds no permit and
+/// watches the listing): no herd, the last two waiters hear nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_of_k_permits_wakes_k_waiters_in_arrival_order_across_sessions() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let holder_b = zk_backend(&server).await;
+    let holder = dlock::Semaphore::new("zk-sem", 3)
+        .permits(3)
+        .ttl(Duration::from_secs(60))
+        .with_backend(Arc::new(holder_b))
+        .acquire()
+        .await
+        .unwrap();
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut backends = Vec::new();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let b = zk_backend(&server).await;
+        backends.push(b.clone());
+        let (order, tx) = (order.clone(), tx.clone());
+        tasks.push(tokio::spawn(async move {
+            let g = dlock::Semaphore::new("zk-sem", 3)
+                .ttl(Duration::from_secs(60))
+                .wait(Duration::from_secs(30))
+                .with_backend(Arc::new(b))
+                .acquire()
+                .await
+                .expect("a permit");
+            order.lock().unwrap().push(i);
+            let _ = tx.send(g);
+        }));
+        // Arrival order: each waiter's node exists before the next starts.
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    let notified = |bs: &[dlock::ZookeeperBackend]| -> Vec<u64> {
+        bs.iter().map(|b| b.watch_notifications()).collect()
+    };
+    let before = notified(&backends);
+    holder.release().await.unwrap();
+    let mut got = Vec::new();
+    while got.len() < 3 {
+        let g = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("three grants after the release")
+            .expect("a grant");
+        got.push(g);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2], "grant order");
+    let after = notified(&backends);
+    let per: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(
+        per,
+        vec![1, 1, 1, 1, 0, 0],
+        "watch notifications per waiter after the release"
+    );
+    // The next release of one permit lets the fourth in, and only it.
+    got.pop().unwrap().release().await.unwrap();
+    let g = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+        .await
+        .expect("the fourth waiter")
+        .expect("a grant");
+    assert_eq!(*order.lock().unwrap(), vec![0, 1, 2, 3]);
+    g.release().await.unwrap();
+    for g in got {
+        g.release().await.unwrap();
+    }
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("every waiter gets a permit")
+            .unwrap();
+    }
+    while let Ok(g) = rx.try_recv() {
+        g.release().await.unwrap();
+    }
+}
+
+/// Read-write locks on ZooKeeper, across sessions: a writer queued behind a downgraded hold
+/// waits for it (the downgraded node keeps its place), readers queued behind the writer wait
+/// for the writer too (writer preference by arrival order), and the downgrade lets in at once
+/// the reader that queued before the second writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_downgraded_hold_keeps_its_place_before_queued_writers_and_their_readers() {
+    let server = tokio::task::spawn_blocking(ZkProc::start).await.unwrap();
+    let rw = |b: dlock::ZookeeperBackend| {
+        dlock::RwLock::new("zk-rw")
+            .ttl(Duration::from_secs(60))
+            .wait(Duration::from_secs(30))
+            .with_backend(Arc::new(b))
+    };
+    let w1 = rw(zk_backend(&server).await).write().await.unwrap();
+    let events = Arc::new(Mutex::new(Vec::<&'static str>::new()));
+    let spawn_side = |l: dlock::RwLock, what: &'static str, write: bool| {
+        let events = events.clone();
+        tokio::spawn(async move {
+            if write {
+                let g = l.write().await.expect("writer");
+                events.lock().unwrap().push(what);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                g.release().await.unwrap();
+            } else {
+                let g = l.read().await.expect("reader");
+                events.lock().unwrap().push(what);
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                g.release().await.unwrap();
+            }
+        })
+    };
+    // Arrival order: r1, w2, r2 (each node exists before the next starts).
+    let r1 = spawn_side(rw(zk_backend(&server).await), "r1", false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let w2 = spawn_side(rw(zk_backend(&server).await), "w2", true);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let r2 = spawn_side(rw(zk_backend(&server).await), "r2", false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        events.lock().unwrap().is_empty(),
+        "nobody beside the writer"
+    );
+    let r = w1.downgrade().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        *events.lock().unwrap(),
+        vec!["r1"],
+        "the reader before w2 joins the downgraded hold; w2 and r2 wait"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *events.lock().unwrap(),
+        vec!["r1"],
+        "w2 waits for the downgraded hold, r2 for w2"
+    );
+    r.release().await.unwrap();
+    for t in [r1, w2, r2] {
+        tokio::time::timeout(Duration::from_secs(30), t)
+            .await
+            .expect("every waiter gets in")
+            .unwrap();
+    }
+    assert_eq!(*events.lock().unwrap(), vec!["r1", "w2", "r2"]);
+}

@@ -68,10 +68,15 @@ impl Backend for Side {
 
     /// A waiting writer leaves a "writer waiting" marker on the server: a wait that ends
     /// without a grant releases it (the lock's `GiveUp`), so readers are not held back by a
-    /// writer that stopped waiting until the marker's lease ran out. An engine that queues every
-    /// contender (etcd: a waiting reader's entry too) is told for both sides.
+    /// writer that stopped waiting until the marker's lease ran out. On a backend that queues
+    /// every busy try on the server (ZooKeeper's read and write nodes, etcd's entries), a
+    /// waiting reader's entry goes the same way.
     fn queues_contenders(&self) -> bool {
         self.side == RwSide::Write || self.inner.queues_contenders()
+    }
+
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
     }
 
     fn fresh_owner_per_try(&self) -> bool {

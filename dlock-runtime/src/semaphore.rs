@@ -335,9 +335,14 @@ impl Backend for Permits {
         self.inner.lease_expires_by_ttl()
     }
 
-    /// An engine that keeps a waiter's entry on the server (etcd) is told when a wait ends
-    /// without a grant: the give-up releases the entry, so later waiters are not held behind it.
+    /// A backend that keeps a busy try queued on the server (ZooKeeper's nodes, etcd's entries)
+    /// is told when a wait for permits ends without a grant, as for a lock: the give-up releases
+    /// the entry, so later waiters are not held behind it.
     fn queues_contenders(&self) -> bool {
         self.inner.queues_contenders()
+    }
+
+    fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        self.inner.lost_signal(name, owner)
     }
 }

@@ -325,6 +325,19 @@ impl Env {
     pub(crate) async fn zk_another_backend(&self) -> Arc<dyn dlock::Backend> {
         Arc::new(zk_backend(&self.zk.as_ref().expect("zk env").0).await)
     }
+
+    /// A client of this environment's server (session timeout [`SESSION`]) whose connection
+    /// runs through a proxy: `proxy.set_mode(Mode::Blackhole)` makes it a crashed (or hung)
+    /// process, whose session, and every node it holds, the server ends by its session timeout.
+    pub async fn zk_crashable_backend(&self) -> (super::proxy::Proxy, dlock::ZookeeperBackend) {
+        let proxy = super::proxy::Proxy::start(self.zk_server().port());
+        let b = dlock::ZookeeperBackend::builder(&format!("127.0.0.1:{}", proxy.port()))
+            .session_timeout(SESSION)
+            .build()
+            .await
+            .expect("connect to the private ZooKeeper through a proxy");
+        (proxy, b)
+    }
 }
 
 /// libfaketime's preload library (Debian's `libfaketime`): a member started with it runs its

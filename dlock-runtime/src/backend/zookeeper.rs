@@ -36,6 +36,9 @@
 //!   cut off from the leader: at most [`session_lease`] (the session timeout less how far
 //!   behind the leader's record of the session may be) from the send time of the last check or
 //!   grant confirmed through the leader.
+//!
+//! Semaphores, read-write locks and leader records use the same nodes, tokens, watches and
+//! reaper, each primitive in a directory of its own beside the lock's: see `zookeeper/prims.rs`.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,11 +48,12 @@ use tokio_util::sync::CancellationToken;
 use zookeeper_client as zk;
 
 use super::driver::Driver;
-use super::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use super::{Acquired, Backend, BoxFuture, Extended, Record, Released, RwSide, Watch};
 use crate::LockError;
 use crate::wait::WaitQueues;
 
 pub(crate) mod admin;
+mod prims;
 
 /// The default root of the lock nodes.
 pub(crate) const DEFAULT_ROOT: &str = "/dlock";
@@ -320,6 +324,9 @@ impl ZookeeperBackendBuilder {
                 session: Mutex::new(session),
                 holds: Mutex::new(HashMap::new()),
                 waiters: WaitQueues::new(),
+                sem_waiters: WaitQueues::new(),
+                read_waiters: WaitQueues::new(),
+                write_waiters: WaitQueues::new(),
                 notifications: Default::default(),
                 children_reads: Default::default(),
                 watch_tasks: Default::default(),
@@ -542,6 +549,37 @@ fn be(key: &str, e: impl Into<Box<dyn std::error::Error + Send + Sync>>) -> Lock
     }
 }
 
+/// Which primitive a node belongs to: each has a directory of its own beside the lock's
+/// (see [`Inner::dir_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Prim {
+    Lock,
+    /// A semaphore's permits.
+    Sem,
+    /// The read side of a read-write lock.
+    Read,
+    /// The write side of a read-write lock.
+    Write,
+}
+
+/// A hold (or queued contender) of this backend: one node.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct HoldKey {
+    prim: Prim,
+    name: String,
+    owner: String,
+}
+
+impl HoldKey {
+    fn new(prim: Prim, name: &str, owner: &str) -> Self {
+        HoldKey {
+            prim,
+            name: name.to_string(),
+            owner: owner.to_string(),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 struct Hold {
     /// Full path of this contender's node (ending in `-lock-`: a create whose reply was not
@@ -605,6 +643,8 @@ impl Drop for TaskCount {
 
 /// Attempts at storing a grant's token whose parent version moved on (see `grant_token`).
 const TOKEN_CAS_TRIES: usize = 8;
+/// The same for a semaphore's or a read-write lock's grant, whose holders grant at once.
+const SHARED_TOKEN_CAS_TRIES: usize = 64;
 
 /// The token stored in a lock parent's data (`"<token> <holder node>"`) and the node it was
 /// granted to; `None` for a parent that has none (new, or written by nothing else).
@@ -612,6 +652,44 @@ pub(crate) fn last_token(data: &[u8]) -> Option<(u64, &str)> {
     let s = std::str::from_utf8(data).ok()?;
     let (t, node) = s.split_once(' ')?;
     Some((t.parse().ok()?, node))
+}
+
+/// A contender node's data: the owner id, a newline and the holder identity (name@host:pid).
+fn node_data(owner: &str) -> Vec<u8> {
+    let holder = crate::holder::holder_text();
+    let mut data = Vec::with_capacity(owner.len() + 1 + holder.len());
+    data.extend_from_slice(owner.as_bytes());
+    data.push(b'\n');
+    data.extend_from_slice(holder.as_bytes());
+    data
+}
+
+/// The sequence of a node of any kind (see [`seq_after`]).
+fn any_seq(child: &str) -> Option<i64> {
+    ["-lock-", "-sem-", "-write-", "-read-"]
+        .iter()
+        .find_map(|m| seq_after(child, m))
+}
+
+/// A semaphore node's `(max, permits)`, from its name `_c_<guid>-<max>-<permits>-sem-<seq>`.
+fn sem_shape(child: &str) -> Option<(u32, u32)> {
+    let i = child.rfind("-sem-")?;
+    let mut parts = child[..i].rsplitn(3, '-');
+    let permits = parts.next()?.parse().ok()?;
+    let max = parts.next()?.parse().ok()?;
+    parts.next()?;
+    Some((max, permits))
+}
+
+/// What a try found, by its primitive's rule (see [`Inner::decide`]).
+enum Decision {
+    Grant,
+    /// Queued: wait for a change of this node (a child of the same directory).
+    WaitNode(String),
+    /// Queued as a semaphore's first waiter: wait for a change of the listing.
+    WaitListing,
+    /// Refused (a semaphore's `max` mismatch); the node goes.
+    Refuse(LockError),
 }
 
 /// First and longest pause between a reaper's delete attempts.
@@ -630,8 +708,10 @@ enum Target<'a> {
 }
 
 fn target_of(path: &str) -> Target<'_> {
+    // A created node's name ends in its sequence (digits); a pending one in its kind's marker
+    // (`-lock-`, `-sem-`, `-read-`, `-write-`).
     match path.rsplit_once('/') {
-        Some((dir, prefix)) if path.ends_with("-lock-") => Target::Prefix { dir, prefix },
+        Some((dir, prefix)) if path.ends_with('-') => Target::Prefix { dir, prefix },
         _ => Target::Path(path),
     }
 }
@@ -640,8 +720,12 @@ fn target_of(path: &str) -> Target<'_> {
 struct Inner {
     cfg: ZookeeperBackendBuilder,
     session: Mutex<Session>,
-    holds: Mutex<HashMap<(String, String), Hold>>,
+    holds: Mutex<HashMap<HoldKey, Hold>>,
     waiters: Arc<WaitQueues>,
+    /// The local waiters for permits, read holds and write holds.
+    sem_waiters: Arc<WaitQueues>,
+    read_waiters: Arc<WaitQueues>,
+    write_waiters: Arc<WaitQueues>,
     /// Predecessor-watch notifications received (for tests and metrics).
     notifications: std::sync::atomic::AtomicU64,
     /// Children listings sent by tries (for tests: the cost of a hand-off).
@@ -786,8 +870,14 @@ pub(crate) fn parse_url(url: &str) -> Result<ZkUrl<'_>, LockError> {
 /// `-2147483648`. Negative sequences are later than every positive one (review m5), so they
 /// map above them (`s + 2^32`).
 pub(crate) fn seq_of(child: &str) -> Option<i64> {
-    let i = child.rfind("-lock-")?;
-    let s: i64 = child[i + 6..].parse().ok()?;
+    seq_after(child, "-lock-")
+}
+
+/// The sequence of a node whose kind's marker is `marker` (`-lock-`, `-sem-`, `-read-`,
+/// `-write-`), as an order key (see [`seq_of`]).
+pub(crate) fn seq_after(child: &str, marker: &str) -> Option<i64> {
+    let i = child.rfind(marker)?;
+    let s: i64 = child[i + marker.len()..].parse().ok()?;
     if !(i64::from(i32::MIN)..=i64::from(i32::MAX)).contains(&s) {
         return None;
     }
@@ -910,21 +1000,32 @@ impl Inner {
         self.session().client.clone()
     }
 
-    fn holds(&self) -> MutexGuard<'_, HashMap<(String, String), Hold>> {
+    fn holds(&self) -> MutexGuard<'_, HashMap<HoldKey, Hold>> {
         self.holds.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// Wakes the first local waiter of `name` that has no queued node of its own (by the owner
     /// id it tries with). Returns whether one was.
-    fn wake_one_nodeless(&self, name: &str) -> bool {
+    fn wake_one_nodeless(&self, prim: Prim, name: &str) -> bool {
         let queued: Vec<String> = self
             .holds()
             .iter()
-            .filter(|((n, _), h)| n == name && !h.held && h.releasing.is_none())
-            .map(|((_, o), _)| o.clone())
+            .filter(|(k, h)| k.prim == prim && k.name == name && !h.held && h.releasing.is_none())
+            .map(|(k, _)| k.owner.clone())
             .collect();
-        self.waiters
+        self.queue(prim)
             .wake_first_where(name, |o| o.is_none_or(|o| !queued.iter().any(|q| q == o)))
+    }
+
+    /// The local wait queue of a primitive (each its own: a semaphore's waiters never share a
+    /// queue with the lock's of the same name).
+    fn queue(&self, prim: Prim) -> &Arc<WaitQueues> {
+        match prim {
+            Prim::Lock => &self.waiters,
+            Prim::Sem => &self.sem_waiters,
+            Prim::Read => &self.read_waiters,
+            Prim::Write => &self.write_waiters,
+        }
     }
 
     /// The client, replaced by a new session when the current one expired or closed.
@@ -993,13 +1094,14 @@ impl Inner {
         c: &zk::Client,
         name: &str,
         dir: &str,
-        key: &(String, String),
+        key: &HoldKey,
         session: i64,
+        tag: &str,
     ) -> Result<(String, u64), LockError> {
         let mut guid = [0u8; 16];
         getrandom::fill(&mut guid).map_err(|e| be(name, e.to_string()))?;
         let guid: String = guid.iter().map(|b| format!("{b:02x}")).collect();
-        let prefix = format!("_c_{guid}-lock-");
+        let prefix = format!("_c_{guid}-{tag}");
         let path = format!("{dir}/{prefix}");
         // Recorded before the create is sent: a future dropped before the reply (a cancelled
         // wait) leaves this pending entry, and `release` then finds the node by its prefix.
@@ -1018,11 +1120,7 @@ impl Inner {
         );
         let opts = zk::CreateMode::EphemeralSequential.with_acls(self.cfg.node_acls());
         // The node's data: the owner id, a newline and the holder identity (name@host:pid).
-        let holder = crate::holder::holder_text();
-        let mut data = Vec::with_capacity(key.1.len() + 1 + holder.len());
-        data.extend_from_slice(key.1.as_bytes());
-        data.push(b'\n');
-        data.extend_from_slice(holder.as_bytes());
+        let data = node_data(&key.owner);
         // Nothing was created: forget the pending entry.
         let nothing = |e: LockError| {
             self.holds().remove(key);
@@ -1073,7 +1171,16 @@ impl Inner {
         owner: &str,
         _ttl: Duration,
     ) -> Result<Acquired, LockError> {
-        let key = (name.to_string(), owner.to_string());
+        self.try_node(HoldKey::new(Prim::Lock, name, owner), "lock-".to_string())
+            .await
+    }
+
+    /// A try of any primitive (see [`Inner::decide`] for each one's rule): creates the caller's
+    /// node once (protected mode, named `_c_<guid>-<tag><sequence>`), lists the directory, and
+    /// grants, refuses, or leaves the node queued behind the one node (or, for a semaphore's
+    /// first waiter, the listing) whose change can let it in.
+    async fn try_node(self: &Arc<Self>, key: HoldKey, tag: String) -> Result<Acquired, LockError> {
+        let name = key.name.as_str();
         let c = self.live_client().await?;
         let session = c.session_id().0;
         let existing = self.holds().get(&key).cloned();
@@ -1094,7 +1201,7 @@ impl Inner {
             // re-check in this process, not one per waiter (review m1, as etcd does).
             return Ok(Acquired::Busy { remaining: None });
         }
-        let dir = format!("{}/{}", self.cfg.root, escape(name));
+        let dir = self.dir_of(key.prim, name);
         let (path, floor) = match existing {
             Some(h) if h.session == session => {
                 if h.held {
@@ -1105,10 +1212,12 @@ impl Inner {
                         .is_some_and(|st| st.ephemeral_owner == session);
                     if !alive {
                         self.holds().remove(&key);
-                        return Box::pin(self.try_acquire(name, owner, _ttl)).await;
+                        return Box::pin(self.try_node(key, tag)).await;
                     }
                     let mut holds = self.holds();
-                    let h = holds.get_mut(&key).expect("present");
+                    let Some(h) = holds.get_mut(&key) else {
+                        return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
+                    };
                     h.count = h.count.saturating_add(1);
                     return Ok(Acquired::Granted {
                         token: h.token,
@@ -1122,7 +1231,9 @@ impl Inner {
                 self.holds().remove(&key);
                 // On an error, `create_node` forgot the entry (nothing created) or handed it to
                 // the reaper (a create whose outcome is unknown).
-                let (path, floor) = self.create_node(&c, name, &dir, &key, session).await?;
+                let (path, floor) = self
+                    .create_node(&c, name, &dir, &key, session, &tag)
+                    .await?;
                 if let Some(h) = self.holds().get_mut(&key) {
                     h.path = path.clone();
                     h.token = floor;
@@ -1131,7 +1242,7 @@ impl Inner {
             }
         };
         let mine = path.rsplit('/').next().unwrap_or("").to_string();
-        let my_seq = seq_of(&mine).unwrap_or(i64::MAX);
+        let my_seq = any_seq(&mine).unwrap_or(i64::MAX);
         // The children and the parent's data (the last token) in one round trip: both requests
         // are sent before either reply is awaited, and the server answers them in order.
         self.children_reads
@@ -1140,7 +1251,7 @@ impl Inner {
             self.bounded(name, c.list_children(&dir)),
             self.bounded(name, c.get_data(&dir))
         );
-        let (children, parent) = match (children, parent) {
+        let (mut children, parent) = match (children, parent) {
             (Ok(ch), Ok(p)) => (ch, p),
             (Err(e), _) | (_, Err(e)) => {
                 // Queued or not, the node goes (the reaper retries until confirmed).
@@ -1148,89 +1259,177 @@ impl Inner {
                 return Err(e);
             }
         };
-        let mut pred: Option<(i64, String)> = None;
-        let mut present = false;
-        for ch in &children {
-            let Some(s) = seq_of(ch) else { continue };
-            if *ch == mine {
-                present = true;
-            } else if s < my_seq && pred.as_ref().is_none_or(|(ps, _)| s > *ps) {
-                pred = Some((s, ch.clone()));
-            }
-        }
-        if !present {
-            self.holds().remove(&key);
-            return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
-        }
-        let Some((_, pred)) = pred else {
-            let token = self
-                .grant_token(&c, name, &key, &dir, &path, &mine, floor, parent)
-                .await?;
-            let mut holds = self.holds();
-            let Some(h) = holds.get_mut(&key) else {
+        let mut listing_watch: Option<zk::OneshotWatcher> = None;
+        for _ in 0..4 {
+            if !children.contains(&mine) {
+                self.holds().remove(&key);
                 return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
-            };
-            h.held = true;
-            h.count = 1;
-            h.token = token;
-            return Ok(Acquired::Granted { token, count: 1 });
-        };
-        // Queued: watch the predecessor only.
-        let arm = {
-            let mut holds = self.holds();
-            let h = holds.get_mut(&key).expect("present");
-            !std::mem::replace(&mut h.watching, true)
-        };
-        if arm {
-            let pred_path = format!("{dir}/{pred}");
-            match self.bounded(name, c.check_and_watch_stat(&pred_path)).await {
-                Ok((Some(_), w)) => {
-                    // Weak: a pending watch does not keep a dropped backend (its session and
-                    // driver thread) alive.
-                    let me = Arc::downgrade(self);
-                    let (name, wkey) = (name.to_string(), key.clone());
-                    let alive = TaskCount::new(&self.watch_tasks);
-                    let task = self.driver.handle.spawn(async move {
-                        let _alive = alive;
-                        let _ = w.changed().await;
-                        let Some(me) = me.upgrade() else {
-                            return;
-                        };
-                        me.notifications
-                            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        if let Some(h) = me.holds().get_mut(&wkey) {
-                            h.watching = false;
-                            h.watch_task = None;
-                        }
-                        // The predecessor left (released or gave up): wake the waiter whose node
-                        // follows it, so it re-checks (one wake-up, not one per local waiter).
-                        me.waiters.wake_owner(&name, &wkey.1);
-                    });
-                    match self.holds().get_mut(&key) {
-                        Some(h) if h.releasing.is_none() && h.watching => {
-                            h.watch_task = Some(Arc::new(task.abort_handle()));
-                        }
-                        // Left (or the watch fired) meanwhile: aborting a finished task is
-                        // a no-op.
-                        _ => task.abort(),
-                    }
-                }
-                Ok((None, _)) => {
-                    // Predecessor already gone: the caller retries at once.
-                    if let Some(h) = self.holds().get_mut(&key) {
-                        h.watching = false;
-                    }
-                    self.waiters.wake_owner(name, owner);
-                }
+            }
+            let decision = match self.decide(&key, &c, &dir, &children, &mine, my_seq).await {
+                Ok(d) => d,
                 Err(e) => {
-                    if let Some(h) = self.holds().get_mut(&key) {
-                        h.watching = false;
-                    }
+                    self.start_reaping(&key, Duration::ZERO);
                     return Err(e);
                 }
+            };
+            match decision {
+                Decision::Grant => {
+                    let touch = key.prim == Prim::Sem;
+                    let token = self
+                        .grant_token(&c, name, &key, &dir, &path, &mine, floor, parent, touch)
+                        .await?;
+                    let mut holds = self.holds();
+                    let Some(h) = holds.get_mut(&key) else {
+                        return Err(be(name, "ZooKeeper lock node vanished (session trouble)"));
+                    };
+                    if let Some(t) = h.watch_task.take() {
+                        t.abort();
+                    }
+                    h.watching = false;
+                    h.held = true;
+                    h.count = 1;
+                    h.token = token;
+                    return Ok(Acquired::Granted { token, count: 1 });
+                }
+                Decision::Refuse(e) => {
+                    // The node goes; the wait's give-up finds it being deleted.
+                    self.start_reaping(&key, Duration::ZERO);
+                    return Err(e);
+                }
+                Decision::WaitNode(pred) => {
+                    self.watch_predecessor(&c, &key, &format!("{dir}/{pred}"))
+                        .await?;
+                    return Ok(Acquired::Busy { remaining: None });
+                }
+                Decision::WaitListing => {
+                    if let Some(w) = listing_watch.take() {
+                        let arm = {
+                            let mut holds = self.holds();
+                            match holds.get_mut(&key) {
+                                Some(h) => !std::mem::replace(&mut h.watching, true),
+                                None => false,
+                            }
+                        };
+                        if arm {
+                            self.spawn_watch(&key, w);
+                        }
+                        return Ok(Acquired::Busy { remaining: None });
+                    }
+                    if self
+                        .holds()
+                        .get(&key)
+                        .is_some_and(|h| h.watching && h.watch_task.is_some())
+                    {
+                        return Ok(Acquired::Busy { remaining: None });
+                    }
+                    // The listing again, now with a watch (fires at the next change of the
+                    // children), decided again on what it shows.
+                    self.children_reads
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    match self.bounded(name, c.list_and_watch_children(&dir)).await {
+                        Ok((ch, w)) => {
+                            children = ch;
+                            listing_watch = Some(w);
+                        }
+                        Err(e) => {
+                            self.start_reaping(&key, Duration::ZERO);
+                            return Err(e);
+                        }
+                    }
+                }
             }
         }
+        // The listing kept changing: busy for now, woken by the next change of the children.
+        if let Some(w) = listing_watch {
+            let arm = {
+                let mut holds = self.holds();
+                match holds.get_mut(&key) {
+                    Some(h) => !std::mem::replace(&mut h.watching, true),
+                    None => false,
+                }
+            };
+            if arm {
+                self.spawn_watch(&key, w);
+            }
+        } else {
+            self.queue(key.prim).wake_owner(name, &key.owner);
+        }
         Ok(Acquired::Busy { remaining: None })
+    }
+
+    /// Arms a watch on the node at `pred_path` for the queued contender `key` (unless one is
+    /// armed): its change or deletion wakes that contender only. A predecessor already gone
+    /// wakes it at once.
+    async fn watch_predecessor(
+        self: &Arc<Self>,
+        c: &zk::Client,
+        key: &HoldKey,
+        pred_path: &str,
+    ) -> Result<(), LockError> {
+        let name = key.name.as_str();
+        let arm = {
+            let mut holds = self.holds();
+            match holds.get_mut(key) {
+                Some(h) => !std::mem::replace(&mut h.watching, true),
+                None => false,
+            }
+        };
+        if !arm {
+            return Ok(());
+        }
+        match self.bounded(name, c.check_and_watch_stat(pred_path)).await {
+            Ok((Some(_), w)) => {
+                self.spawn_watch(key, w);
+                Ok(())
+            }
+            Ok((None, _)) => {
+                // Predecessor already gone: the caller retries at once.
+                if let Some(h) = self.holds().get_mut(key) {
+                    h.watching = false;
+                }
+                self.queue(key.prim).wake_owner(name, &key.owner);
+                Ok(())
+            }
+            Err(e) => {
+                if let Some(h) = self.holds().get_mut(key) {
+                    h.watching = false;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// The task that waits on `w` for the queued contender `key` (`watching` already set): when
+    /// it fires, it wakes that contender's waiter only.
+    fn spawn_watch(self: &Arc<Self>, key: &HoldKey, w: zk::OneshotWatcher) {
+        // Weak: a pending watch does not keep a dropped backend (its session and driver
+        // thread) alive.
+        let me = Arc::downgrade(self);
+        let wkey = key.clone();
+        let alive = TaskCount::new(&self.watch_tasks);
+        let task = self.driver.handle.spawn(async move {
+            let _alive = alive;
+            let _ = w.changed().await;
+            let Some(me) = me.upgrade() else {
+                return;
+            };
+            me.notifications
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            if let Some(h) = me.holds().get_mut(&wkey) {
+                h.watching = false;
+                h.watch_task = None;
+            }
+            // The predecessor left or changed: wake the waiter whose node follows it, so it
+            // re-checks (one wake-up, not one per local waiter).
+            me.queue(wkey.prim).wake_owner(&wkey.name, &wkey.owner);
+        });
+        match self.holds().get_mut(key) {
+            Some(h) if h.releasing.is_none() && h.watching && !h.held => {
+                h.watch_task = Some(Arc::new(task.abort_handle()));
+            }
+            // Left (or the watch fired) meanwhile: aborting a finished task is a no-op.
+            _ => task.abort(),
+        }
     }
 
     /// The token of a grant (see the module doc): `max(last + 1, floor)`, stored in the lock
@@ -1244,18 +1443,32 @@ impl Inner {
         self: &Arc<Self>,
         c: &zk::Client,
         name: &str,
-        key: &(String, String),
+        key: &HoldKey,
         dir: &str,
         path: &str,
         mine: &str,
         floor: u64,
         parent: (Vec<u8>, zk::Stat),
+        touch: bool,
     ) -> Result<u64, LockError> {
         let (mut data, mut stat) = parent;
-        for _ in 0..TOKEN_CAS_TRIES {
+        // Holders at once (permits, readers) store their tokens at once: each round one of
+        // them wins, so they get more rounds than a lock's single holder.
+        let tries = if key.prim == Prim::Lock {
+            TOKEN_CAS_TRIES
+        } else {
+            SHARED_TOKEN_CAS_TRIES
+        };
+        for _ in 0..tries {
             let last = last_token(&data).map_or(0, |(t, _)| t);
             let token = last.saturating_add(1).max(floor);
             let mut w = c.new_check_writer(path, None).map_err(|e| be(name, e))?;
+            if touch {
+                // A semaphore's grant rewrites its own node (same data, next version): the
+                // waiter queued behind it hears of the grant and checks whether it is next.
+                w.add_set_data(path, &node_data(&key.owner), None)
+                    .map_err(|e| be(name, e))?;
+            }
             w.add_set_data(
                 dir,
                 format!("{token} {mine}").as_bytes(),
@@ -1338,7 +1551,7 @@ impl Inner {
     /// Hands `key`'s hold (if any) to its reaper (see [`Self::reaping_locked`]).
     fn start_reaping(
         self: &Arc<Self>,
-        key: &(String, String),
+        key: &HoldKey,
         delay: Duration,
     ) -> Option<tokio::sync::watch::Receiver<Reaping>> {
         let mut holds = self.holds();
@@ -1356,7 +1569,7 @@ impl Inner {
     /// name for as long as the session lives. Returns the reaper's progress.
     fn reaping_locked(
         self: &Arc<Self>,
-        key: &(String, String),
+        key: &HoldKey,
         h: &mut Hold,
         delay: Duration,
     ) -> tokio::sync::watch::Receiver<Reaping> {
@@ -1434,12 +1647,11 @@ impl Inner {
     /// [`LockError::Backend`], never `NotOwner`.
     async fn release(
         self: &Arc<Self>,
-        name: &str,
-        owner: &str,
+        key: HoldKey,
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
-        let key = (name.to_string(), owner.to_string());
+        let name = key.name.as_str();
         let session = {
             let s = self.session();
             (!s.ended()).then_some(s.id)
@@ -1469,8 +1681,8 @@ impl Inner {
         }
     }
 
-    async fn extend(&self, name: &str, owner: &str) -> Result<Extended, LockError> {
-        let key = (name.to_string(), owner.to_string());
+    async fn extend(&self, key: HoldKey) -> Result<Extended, LockError> {
+        let name = key.name.as_str();
         let Some(h) = self.holds().get(&key).cloned() else {
             return Ok(Extended::Lost);
         };
@@ -1508,7 +1720,7 @@ impl Inner {
 /// node along.
 async fn reap(
     me: std::sync::Weak<Inner>,
-    key: (String, String),
+    key: HoldKey,
     path: String,
     session: i64,
     delay: Duration,
@@ -1527,7 +1739,7 @@ async fn reap(
         let r = if sess.id != session || sess.ended() {
             Ok(Gone::Absent)
         } else {
-            inner.delete_node(&key.0, &sess.client, &path).await
+            inner.delete_node(&key.name, &sess.client, &path).await
         };
         tries += 1;
         match r {
@@ -1546,21 +1758,21 @@ async fn reap(
                     st.done = Some(gone);
                 });
                 if tries > 1 {
-                    tracing::info!(key = %key.0, tries, "dlock: a ZooKeeper lock node whose delete had failed is gone");
+                    tracing::info!(key = %key.name, tries, "dlock: a ZooKeeper lock node whose delete had failed is gone");
                 }
                 // A waiter of this process that queued behind local waiters without a node of
                 // its own (the lock loop does not barge past them) watches nothing: wake one
                 // so it tries. Without this, two tasks sharing a backend could each wait for
                 // the other until their deadlines. Only such a waiter: one with a queued node
                 // is woken by its own predecessor's watch (no local herd, issue 19).
-                inner.wake_one_nodeless(&key.0);
+                inner.wake_one_nodeless(key.prim, &key.name);
                 return;
             }
             Err(e) => {
                 if tries == 1 {
-                    tracing::warn!(key = %key.0, error = %e, "dlock: deleting a ZooKeeper lock node failed; retrying until it is gone or its session ends");
+                    tracing::warn!(key = %key.name, error = %e, "dlock: deleting a ZooKeeper lock node failed; retrying until it is gone or its session ends");
                 } else {
-                    tracing::debug!(key = %key.0, error = %e, tries, "dlock: deleting a ZooKeeper lock node failed again");
+                    tracing::debug!(key = %key.name, error = %e, tries, "dlock: deleting a ZooKeeper lock node failed again");
                 }
                 let msg: Arc<str> = e.to_string().into();
                 tx.send_modify(|st| {
@@ -1572,6 +1784,41 @@ async fn reap(
         drop(inner);
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(REAP_RETRY_MAX);
+    }
+}
+
+fn rw_prim(side: RwSide) -> Prim {
+    match side {
+        RwSide::Read => Prim::Read,
+        RwSide::Write => Prim::Write,
+    }
+}
+
+impl ZookeeperBackend {
+    /// Gives back `key`'s hold, started at once on the driver thread, whatever runtime or
+    /// thread calls: a caller's runtime shutting down (or the returned future being dropped)
+    /// cannot cut the give-back off, and its retries (the reaper) run there too.
+    fn release_on_driver<'a>(
+        &'a self,
+        key: HoldKey,
+        keep_for: Option<Duration>,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        let inner = Arc::clone(&self.inner);
+        let name = key.name.clone();
+        let task = self
+            .inner
+            .driver
+            .handle
+            .spawn(async move { inner.release(key, keep_for, all).await });
+        Box::pin(async move {
+            task.await.unwrap_or_else(|e| {
+                Err(be(
+                    &name,
+                    format!("the ZooKeeper backend's driver thread stopped: {e}"),
+                ))
+            })
+        })
     }
 }
 
@@ -1592,24 +1839,7 @@ impl Backend for ZookeeperBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
-        // Started at once on the driver thread, whatever runtime or thread calls: a caller's
-        // runtime shutting down (or this future being dropped) cannot cut the give-back off,
-        // and its retries (the reaper) run there too.
-        let inner = Arc::clone(&self.inner);
-        let (n, o) = (name.to_string(), owner.to_string());
-        let task = self
-            .inner
-            .driver
-            .handle
-            .spawn(async move { inner.release(&n, &o, keep_for, all).await });
-        Box::pin(async move {
-            task.await.unwrap_or_else(|e| {
-                Err(be(
-                    name,
-                    format!("the ZooKeeper backend's driver thread stopped: {e}"),
-                ))
-            })
-        })
+        self.release_on_driver(HoldKey::new(Prim::Lock, name, owner), keep_for, all)
     }
 
     fn extend<'a>(
@@ -1618,7 +1848,128 @@ impl Backend for ZookeeperBackend {
         owner: &'a str,
         _ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        Box::pin(self.inner.extend(name, owner))
+        Box::pin(self.inner.extend(HoldKey::new(Prim::Lock, name, owner)))
+    }
+
+    /// Permits: one node per acquisition under `<lock dir>%sem` (see `zookeeper/prims.rs`),
+    /// granted in arrival order while the permits of the nodes up to it fit in `max`. The
+    /// session is the lease (`ttl` is not sent), as for the lock.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.inner.try_node(
+            HoldKey::new(Prim::Sem, name, owner),
+            format!("{max}-{permits}-sem-"),
+        ))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.release_on_driver(HoldKey::new(Prim::Sem, name, owner), None, true)
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.extend(HoldKey::new(Prim::Sem, name, owner)))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.inner.sem_waiters.register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.inner.sem_waiters.has_waiters(name)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    /// Read and write nodes under `<lock dir>%rw` (see `zookeeper/prims.rs`).
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let (prim, tag) = match side {
+            RwSide::Read => (Prim::Read, "read-"),
+            RwSide::Write => (Prim::Write, "write-"),
+        };
+        Box::pin(
+            self.inner
+                .try_node(HoldKey::new(prim, name, owner), tag.to_string()),
+        )
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        self.release_on_driver(HoldKey::new(rw_prim(side), name, owner), None, all)
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.inner.extend(HoldKey::new(rw_prim(side), name, owner)))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        _ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.inner.rw_downgrade(name, owner))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        let w = self.inner.queue(rw_prim(side)).register(name);
+        Box::pin(async move { Ok(w) })
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.inner.queue(rw_prim(side)).has_waiters(name)
+    }
+
+    /// The record is a persistent node beside the lock's directory (`<lock dir>%leader`).
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(self.inner.put_record(name, epoch, value))
+    }
+
+    fn get_record<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Option<Record>, LockError>> {
+        Box::pin(self.inner.get_record(name))
     }
 
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
@@ -1650,11 +2001,14 @@ impl Backend for ZookeeperBackend {
     }
 
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
+        // Owner ids are fresh per acquisition: the hold is found whatever its primitive (a
+        // lock, permits, or a read or write hold).
         let held_by = self
             .inner
             .holds()
-            .get(&(name.to_string(), owner.to_string()))
-            .map(|h| h.session)?;
+            .iter()
+            .find(|(k, h)| k.name == name && k.owner == owner && h.held)
+            .map(|(_, h)| h.session)?;
         let sess = self.inner.session();
         if sess.id != held_by {
             // Its session was already replaced: lost now.

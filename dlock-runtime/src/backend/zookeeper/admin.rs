@@ -64,6 +64,16 @@ pub(crate) fn unescape(escaped: &str) -> Option<String> {
 
 /// The contender nodes of one lock parent: sequence -> child name, and the children that are
 /// not contender nodes.
+/// A child of the root that is a semaphore's, a read-write lock's or a leader record's node
+/// (`<escaped name>%sem`, `%rw`, `%leader`; see `zookeeper/prims.rs`).
+fn is_other_primitive(child: &str) -> bool {
+    ["%sem", "%rw", "%leader"].iter().any(|sfx| {
+        child
+            .strip_suffix(sfx)
+            .is_some_and(|stem| unescape(stem).is_some())
+    })
+}
+
 fn contenders(children: Vec<String>) -> (BTreeMap<i64, String>, usize) {
     let mut nodes = BTreeMap::new();
     let mut foreign = 0;
@@ -322,7 +332,9 @@ impl ZookeeperAdmin {
         let escaped_prefix = escape(prefix);
         for d in dirs {
             let Some(name) = unescape(&d) else {
-                skipped += usize::from(d.starts_with(&escaped_prefix));
+                // The directories of semaphores, read-write locks and leader records are the
+                // backend's own, not foreign nodes (they are not locks).
+                skipped += usize::from(d.starts_with(&escaped_prefix) && !is_other_primitive(&d));
                 continue;
             };
             if !name.starts_with(prefix) {
