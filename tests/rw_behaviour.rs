@@ -321,7 +321,7 @@ async fn upgrade_is_refused_with_a_typed_error_and_read_in_write_reenters(env: E
 /// only until its lease ends by the store's clock.
 async fn a_crashed_readers_hold_ends_after_its_ttl(env: Env) {
     #[cfg(feature = "zookeeper")]
-    if !env.lease_expires_by_ttl() {
+    if env.is_session_based() {
         // Session-based engine: the lease is the session; check its equivalent.
         return a_crashed_readers_hold_ends_with_its_session(&env).await;
     }
@@ -401,7 +401,7 @@ async fn a_crashed_readers_hold_ends_with_its_session(env: &Env) {
 /// held back by it only until its lease (the writer's ttl) ends.
 async fn a_dead_waiting_writers_marker_ends_with_its_lease(env: Env) {
     #[cfg(feature = "zookeeper")]
-    if !env.lease_expires_by_ttl() {
+    if env.is_session_based() {
         // Session-based engine: the marker (a queued write node) lives as long as the
         // session of the writer; check its equivalent.
         return a_dead_waiting_writers_node_ends_with_its_session(&env).await;

@@ -141,7 +141,7 @@ async fn at_most_max_permits_are_held_at_any_instant_across_tasks_and_clients(en
 /// its permits only until its ttl has run out on the store; then a waiter gets them.
 async fn a_crashed_holders_permits_come_back_after_its_ttl(env: Env) {
     #[cfg(feature = "zookeeper")]
-    if !env.lease_expires_by_ttl() {
+    if env.is_session_based() {
         // Session-based engine: the lease is the session; check its equivalent.
         return a_crashed_holders_permits_come_back_after_its_session(&env).await;
     }
@@ -286,14 +286,14 @@ async fn a_wait_ends_at_its_deadline_and_wait_zero_is_busy(env: Env) {
         Err(LockError::Busy {
             retry_after: Some(d),
             ..
-        }) if env.lease_expires_by_ttl() => assert!(
+        }) if !env.is_session_based() => assert!(
             d > Duration::from_secs(5) && d <= Duration::from_secs(20),
             "retry_after {d:?}"
         ),
         // A session-based hold has no known end: nothing to report (as for its lock).
         Err(LockError::Busy {
             retry_after: None, ..
-        }) if !env.lease_expires_by_ttl() => {}
+        }) if env.is_session_based() => {}
         other => panic!("expected Busy with retry_after, got {other:?}"),
     }
     g.release().await.unwrap();

@@ -630,6 +630,18 @@ impl Env {
         self.kind == Kind::Redis
     }
 
+    /// True on ZooKeeper, where a hold lives as long as its session whatever its ttl and no
+    /// other client keeps it alive: the suites' crash tests check the session's end instead of
+    /// the ttl, and a busy answer carries no hold end (etcd, whose keys ride a lease kept alive
+    /// by the holder's process, ends a crashed holder's hold by its ttl as the others do).
+    pub fn is_session_based(&self) -> bool {
+        #[cfg(feature = "zookeeper")]
+        if self.kind == Kind::Zookeeper {
+            return true;
+        }
+        false
+    }
+
     pub fn server(&self) -> &RedisProc {
         self.server.as_ref().expect("a Redis environment")
     }
