@@ -931,7 +931,11 @@ async fn semaphores_and_rw_locks_shown_and_one_holder_evicted(env: Env) {
         .unwrap();
     let listing = admin.list("adm:").await.expect("list");
     let kinds: Vec<LockKind> = listing.locks.iter().map(|i| i.kind).collect();
-    assert_eq!(kinds, [LockKind::Semaphore, LockKind::RwLock], "{listing:?}");
+    assert_eq!(
+        kinds,
+        [LockKind::Semaphore, LockKind::RwLock],
+        "{listing:?}"
+    );
     assert_eq!(admin.show("adm:k").await.expect("show"), None, "no lock");
 
     let s = admin
@@ -1030,7 +1034,10 @@ async fn redlock_admin_answers_unsupported_for_semaphores_and_rw_locks() {
         .unwrap();
     assert_eq!(admin.kinds(), [LockKind::Lock]);
     for kind in [LockKind::Semaphore, LockKind::RwLock] {
-        let e = admin.show_kind("adm:rl", kind).await.expect_err("unsupported");
+        let e = admin
+            .show_kind("adm:rl", kind)
+            .await
+            .expect_err("unsupported");
         assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
         let e = admin
             .evict("adm:rl", kind, "o", None)

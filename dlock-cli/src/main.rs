@@ -206,7 +206,8 @@ fn engines_help() -> String {
 
 /// A `--kind` value.
 fn parse_kind(s: &str) -> Result<LockKind, String> {
-    LockKind::parse(s).ok_or_else(|| format!("`{s}`: expected lock, semaphore (sem) or rwlock (rw)"))
+    LockKind::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected lock, semaphore (sem) or rwlock (rw)"))
 }
 
 /// An error with its exit code.
@@ -767,9 +768,7 @@ async fn unlock(
     // lock is released.
     if !yes {
         print_detail(&i);
-        confirm(&format!(
-            "force-release lock `{name}`? the holder loses it"
-        ))?;
+        confirm(&format!("force-release lock `{name}`? the holder loses it"))?;
     }
     let released = admin.force_release(name, Some(&i)).await?;
     if yes {
@@ -877,7 +876,16 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
     let glob = pattern(pat)?;
     let prefix = admin::glob_prefix(pat.unwrap_or("*"));
     let mut w = admin.watch(prefix).await?;
-    out!("watching {} on {}; Ctrl-C to stop", w.sees, admin.target());
+    out!(
+        "watching {} on {}{}; Ctrl-C to stop",
+        w.sees,
+        admin.target(),
+        if admin.kinds().len() > 1 {
+            " (plain locks: semaphores and read-write locks are not watched)"
+        } else {
+            ""
+        }
+    );
     let _ = std::io::stdout().flush();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);

@@ -1227,7 +1227,11 @@ fn semaphore_holders_listed_shown_and_one_evicted() {
     // Refusals: no --owner (usage), an owner that holds nothing (not found), no confirmation.
     let o = dlock(&url, &["unlock", "cli:sem", "--yes"], "");
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    let o = dlock(&url, &["unlock", "cli:sem", "--owner", "nobody", "--yes"], "");
+    let o = dlock(
+        &url,
+        &["unlock", "cli:sem", "--owner", "nobody", "--yes"],
+        "",
+    );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let o = dlock(&url, &["unlock", "cli:sem", "--owner", g1.owner()], "n\n");
     assert_eq!(o.status.code(), Some(4), "{}", text(&o));
@@ -1262,7 +1266,13 @@ fn semaphore_holders_listed_shown_and_one_evicted() {
     assert_eq!(owner_entry(&v, g2.owner())["permits"], 1);
     assert_eq!(owner_entry(&v, &w_owner)["permits"], 2);
     assert_eq!(owner_entry(&v, &w_owner)["token"].as_u64(), Some(w_token));
-    assert!(v["owners"].as_array().unwrap().iter().all(|o| o["owner"] != g1.owner()));
+    assert!(
+        v["owners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["owner"] != g1.owner())
+    );
     let w = rt.block_on(waiter).unwrap();
     rt.block_on(async {
         w.release().await.unwrap();
@@ -1351,7 +1361,9 @@ fn rwlock_readers_waiting_writer_and_writer_shown_and_evicted() {
         .as_str()
         .unwrap()
         .to_string();
-    let rem = v["rwlock"]["waiting_writer"]["remaining_ms"].as_u64().unwrap();
+    let rem = v["rwlock"]["waiting_writer"]["remaining_ms"]
+        .as_u64()
+        .unwrap();
     assert!(rem > 0 && rem <= 20_000, "{rem}");
     for g in [&r1, &r2] {
         let e = owner_entry(&v, g.owner());
@@ -1382,12 +1394,23 @@ fn rwlock_readers_waiting_writer_and_writer_shown_and_evicted() {
         )),
         "{out}"
     );
-    assert!(out.contains(&format!("writer waiting {w_owner} (marker lease")), "{out}");
+    assert!(
+        out.contains(&format!("writer waiting {w_owner} (marker lease")),
+        "{out}"
+    );
 
     // Evict one reader: the other keeps its hold and the writer still waits.
     let o = dlock(
         &url,
-        &["unlock", "cli:rw", "--kind", "rw", "--owner", r1.owner(), "--yes"],
+        &[
+            "unlock",
+            "cli:rw",
+            "--kind",
+            "rw",
+            "--owner",
+            r1.owner(),
+            "--yes",
+        ],
         "",
     );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
@@ -1404,7 +1427,11 @@ fn rwlock_readers_waiting_writer_and_writer_shown_and_evicted() {
 
     // Evict the last reader: the writer is woken and granted.
     let t0 = Instant::now();
-    let o = dlock(&url, &["unlock", "cli:rw", "--owner", r2.owner(), "--yes"], "");
+    let o = dlock(
+        &url,
+        &["unlock", "cli:rw", "--owner", r2.owner(), "--yes"],
+        "",
+    );
     assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     let (got, owner, token) = wrx
         .recv_timeout(Duration::from_secs(10))
@@ -1438,11 +1465,8 @@ fn rwlock_readers_waiting_writer_and_writer_shown_and_evicted() {
     assert!(row.contains(&format!("{w_owner} (write)")), "{row}");
 
     // Shown as the writer, confirmed after it downgraded (same owner, now a reader): refused.
-    let (mut child, shown) = dlock_until_prompt(
-        &url,
-        &["unlock", "cli:rw", "--owner", &w_owner],
-        "[y/N]",
-    );
+    let (mut child, shown) =
+        dlock_until_prompt(&url, &["unlock", "cli:rw", "--owner", &w_owner], "[y/N]");
     assert!(shown.contains("its write hold"), "{shown}");
     let r = rt.block_on(w.downgrade()).unwrap();
     child.0.stdin.take().unwrap().write_all(b"y\n").unwrap();

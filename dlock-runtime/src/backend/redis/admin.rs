@@ -31,9 +31,8 @@ use crate::key::{self, redis_keys};
 static SEM_RELEASE: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("semaphore_release.lua")));
 /// The same on a Redis Cluster master (sharded wake-ups, as the cluster backend sends it).
-static SEM_RELEASE_SHARDED: LazyLock<redis::Script> = LazyLock::new(|| {
-    redis::Script::new(&sharded(include_str!("semaphore_release.lua")))
-});
+static SEM_RELEASE_SHARDED: LazyLock<redis::Script> =
+    LazyLock::new(|| redis::Script::new(&sharded(include_str!("semaphore_release.lua"))));
 /// The read-write script, as the owner's release runs it.
 static RW: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("../../scripts/rw.lua")));
@@ -407,9 +406,7 @@ impl RedisAdmin {
         }
         let max = field(":max")
             .and_then(|v| v.parse::<u32>().ok())
-            .ok_or_else(|| {
-                AdminError::server(format!("semaphore `{name}` has no readable max"))
-            })?;
+            .ok_or_else(|| AdminError::server(format!("semaphore `{name}` has no readable max")))?;
         info.holders.sort_by(|a, b| a.owner.cmp(&b.owner));
         info.semaphore = Some(SemaphoreState { max, used });
         info.remaining = longest;
@@ -969,9 +966,17 @@ mod tests {
             assert_eq!(name_of_kind_key(&sem, LockKind::Lock), None);
             assert_eq!(name_of_kind_key(&rw, LockKind::Lock), None);
             assert_eq!(name_of_kind_key(&rw, LockKind::Semaphore), None);
-            assert_eq!(name_of_kind_key(&redis_keys(n).lock, LockKind::RwLock), None);
+            assert_eq!(
+                name_of_kind_key(&redis_keys(n).lock, LockKind::RwLock),
+                None
+            );
         }
-        for k in ["dlock:sem:{a}:z", "dlock:sem:{a}:fence", "dlock:{a}:rw:r", "dlock:sem:x"] {
+        for k in [
+            "dlock:sem:{a}:z",
+            "dlock:sem:{a}:fence",
+            "dlock:{a}:rw:r",
+            "dlock:sem:x",
+        ] {
             assert_eq!(name_of_kind_key(k, LockKind::Semaphore), None, "{k}");
             assert_eq!(name_of_kind_key(k, LockKind::RwLock), None, "{k}");
         }
