@@ -645,12 +645,12 @@ fn print_detail(i: &LockInfo) {
         (_, r) => format!("{} (the longest lease)", fmt_left(r)),
     };
     out!("remaining      {remaining}");
-    match i.kind {
-        LockKind::Lock => out!(
+    // A semaphore's and a read-write lock's tokens are their holders' (above).
+    if i.kind == LockKind::Lock {
+        out!(
             "fencing token  {}",
             i.token.map_or("-".into(), |t| t.to_string())
-        ),
-        _ => {}
+        );
     }
     match i.waiters {
         Some(w) => out!("waiting        {w} {}", i.waiters_are),

@@ -336,12 +336,14 @@ impl RedisAdmin {
             LockKind::RwLock => self.read_rw(name).await?,
             _ => return self.read(name).await,
         };
-        if let Some(i) = info.as_mut() {
-            if !self.sharded {
-                self.fill_identities(&mut i.holders).await;
-                if let Some(w) = i.rw.as_mut().and_then(|rw| rw.waiting_writer.as_mut()) {
-                    self.fill_identities(std::slice::from_mut(w)).await;
-                }
+        // A cluster master may not serve the identity keys' slots: the cluster admin reads
+        // them through its own routing.
+        if let Some(i) = info.as_mut()
+            && !self.sharded
+        {
+            self.fill_identities(&mut i.holders).await;
+            if let Some(w) = i.rw.as_mut().and_then(|rw| rw.waiting_writer.as_mut()) {
+                self.fill_identities(std::slice::from_mut(w)).await;
             }
         }
         Ok(info)
@@ -462,17 +464,17 @@ impl RedisAdmin {
         info.kind = LockKind::RwLock;
         let mut longest: Option<Duration> = None;
         let mut mode = RwMode::Free;
-        if let (Some(w), Some(wx)) = (field("w"), num("wx")) {
-            if wx > now as f64 {
-                let mut h = Holder::new(w, field("wn").and_then(|v| v.parse().ok()).unwrap_or(1));
-                h.role = HolderRole::Writer;
-                h.token = field("wt").and_then(|v| v.parse().ok());
-                h.remaining = Some(left(wx, now));
-                longest = longest.max(h.remaining);
-                info.token = h.token;
-                info.holders.push(h);
-                mode = RwMode::Write;
-            }
+        if let (Some(w), Some(wx)) = (field("w"), num("wx"))
+            && wx > now as f64
+        {
+            let mut h = Holder::new(w, field("wn").and_then(|v| v.parse().ok()).unwrap_or(1));
+            h.role = HolderRole::Writer;
+            h.token = field("wt").and_then(|v| v.parse().ok());
+            h.remaining = Some(left(wx, now));
+            longest = longest.max(h.remaining);
+            info.token = h.token;
+            info.holders.push(h);
+            mode = RwMode::Write;
         }
         let mut rs = Vec::new();
         for (owner, end) in &leases {
@@ -542,7 +544,7 @@ impl RedisAdmin {
         owner: &str,
         expected: Option<&LockInfo>,
     ) -> Result<ForceReleased, AdminError> {
-        if kind == LockKind::Lock || !matches!(kind, LockKind::Semaphore | LockKind::RwLock) {
+        if !matches!(kind, LockKind::Semaphore | LockKind::RwLock) {
             return Err(AdminError::unsupported(
                 "a plain lock has one owner: force-release the lock (no --owner)",
             ));
