@@ -901,3 +901,151 @@ mod sql_admin {
         g3.release().await.unwrap();
     }
 }
+
+/// Issue 21: the admin lists and shows semaphores and read-write locks beside the lock of the
+/// same name (three things), with each holder's permits or side, token and lease, and evicts one
+/// permit holder (the other keeps its permit) and one reader, each hearing `lost()`.
+async fn semaphores_and_rw_locks_shown_and_one_holder_evicted(env: Env) {
+    use dlock::admin::{HolderRole, LockKind, RwMode};
+    let admin = env.admin().await;
+    let b = env.backend();
+    let sem = |n: u32| {
+        dlock::Semaphore::new("adm:k", 3)
+            .with_backend(b.clone())
+            .permits(n)
+            .ttl(Duration::from_secs(20))
+    };
+    let g1 = sem(2).acquire().await.unwrap();
+    let g2 = sem(1).acquire().await.unwrap();
+    let r1 = dlock::RwLock::new("adm:k")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(20))
+        .read()
+        .await
+        .unwrap();
+    let r2 = dlock::RwLock::new("adm:k")
+        .with_backend(b.clone())
+        .ttl(Duration::from_secs(20))
+        .read()
+        .await
+        .unwrap();
+    let listing = admin.list("adm:").await.expect("list");
+    let kinds: Vec<LockKind> = listing.locks.iter().map(|i| i.kind).collect();
+    assert_eq!(
+        kinds,
+        [LockKind::Semaphore, LockKind::RwLock],
+        "{listing:?}"
+    );
+    assert_eq!(admin.show("adm:k").await.expect("show"), None, "no lock");
+
+    let s = admin
+        .show_kind("adm:k", LockKind::Semaphore)
+        .await
+        .unwrap()
+        .expect("semaphore held");
+    let st = s.semaphore.expect("semaphore state");
+    assert_eq!((st.max, st.used, st.free()), (3, 3, 0));
+    for g in [&g1, &g2] {
+        let h = s.holder(g.owner()).expect("holder shown");
+        assert_eq!(h.role, HolderRole::Permits(g.permits()));
+        assert_eq!(h.token, Some(g.fencing_token()));
+        assert!(h.remaining.is_some_and(|d| d <= Duration::from_secs(20)));
+    }
+    let r = admin
+        .evict("adm:k", LockKind::Semaphore, g1.owner(), Some(&s))
+        .await
+        .expect("evict");
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    tokio::time::timeout(Duration::from_secs(15), g1.lost())
+        .await
+        .expect("the evicted holder hears it");
+    let s = admin
+        .show_kind("adm:k", LockKind::Semaphore)
+        .await
+        .unwrap()
+        .expect("still held by the other");
+    assert_eq!(s.semaphore.unwrap().used, 1);
+    assert_eq!(s.holders.len(), 1);
+    assert_eq!(s.holders[0].owner, g2.owner());
+    assert!(g2.is_valid());
+
+    let w = admin
+        .show_kind("adm:k", LockKind::RwLock)
+        .await
+        .unwrap()
+        .expect("rw held");
+    assert_eq!(w.rw.as_ref().unwrap().mode, RwMode::Read);
+    let h = w.holder(r1.owner()).expect("reader shown");
+    assert_eq!(h.role, HolderRole::Reader);
+    assert_eq!(h.token, Some(r1.fencing_token()));
+    let r = admin
+        .evict("adm:k", LockKind::RwLock, r1.owner(), Some(&w))
+        .await
+        .expect("evict reader");
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    tokio::time::timeout(Duration::from_secs(15), r1.lost())
+        .await
+        .expect("the evicted reader hears it");
+    let w = admin
+        .show_kind("adm:k", LockKind::RwLock)
+        .await
+        .unwrap()
+        .expect("the other reader");
+    assert_eq!(w.holders.len(), 1);
+    assert_eq!(w.holders[0].owner, r2.owner());
+    g2.release().await.unwrap();
+    r2.release().await.unwrap();
+    assert!(admin.list("adm:").await.unwrap().locks.is_empty());
+}
+
+mod kinds_on_redis {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn semaphores_and_rw_locks_shown_and_one_holder_evicted() {
+        super::semaphores_and_rw_locks_shown_and_one_holder_evicted(
+            crate::common::Env::redis().await,
+        )
+        .await
+    }
+}
+
+#[cfg(feature = "cluster")]
+mod kinds_on_cluster {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn semaphores_and_rw_locks_shown_and_one_holder_evicted() {
+        super::semaphores_and_rw_locks_shown_and_one_holder_evicted(
+            crate::common::Env::cluster().await,
+        )
+        .await
+    }
+}
+
+/// An admin that reads plain locks only (Redlock) answers a semaphore or read-write question
+/// with `Unsupported`, and its listing still has the locks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redlock_admin_answers_unsupported_for_semaphores_and_rw_locks() {
+    use dlock::admin::LockKind;
+    let env = Env::redlock(3).await;
+    let admin = env.admin().await;
+    let g = Lock::new("adm:rl")
+        .with_backend(env.backend())
+        .ttl(Duration::from_secs(10))
+        .acquire()
+        .await
+        .unwrap();
+    assert_eq!(admin.kinds(), [LockKind::Lock]);
+    for kind in [LockKind::Semaphore, LockKind::RwLock] {
+        let e = admin
+            .show_kind("adm:rl", kind)
+            .await
+            .expect_err("unsupported");
+        assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
+        let e = admin
+            .evict("adm:rl", kind, "o", None)
+            .await
+            .expect_err("unsupported");
+        assert_eq!(e.kind, AdminErrorKind::Unsupported, "{e}");
+    }
+    let l = admin.list("adm:").await.unwrap();
+    assert_eq!(l.locks.len(), 1);
+    g.release().await.unwrap();
+}

@@ -273,6 +273,54 @@ async fn admin_finds_the_master_through_the_sentinels() {
     assert!(e.message.contains("no-such-master"), "{e}");
 }
 
+/// Issue 21: through the sentinels, the admin shows a semaphore's holders and evicts one (the
+/// other keeps its permits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_shows_and_evicts_semaphore_holders_on_the_master() {
+    use dlock::admin::{Admin, ForceReleased, LockKind, SentinelAdmin};
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let b: Arc<dyn dlock::Backend> = Arc::new(
+        SentinelBackend::connect(MASTER, set.sentinel_urls())
+            .await
+            .unwrap(),
+    );
+    let sem = || {
+        dlock::Semaphore::new("adm:sem", 2)
+            .with_backend(b.clone())
+            .ttl(Duration::from_secs(20))
+    };
+    let g1 = sem().acquire().await.unwrap();
+    let g2 = sem().acquire().await.unwrap();
+    let admin = SentinelAdmin::connect(MASTER, set.sentinel_urls(), None, 0)
+        .await
+        .expect("admin through the sentinels");
+    let info = admin
+        .show_kind("adm:sem", LockKind::Semaphore)
+        .await
+        .unwrap()
+        .expect("held");
+    assert_eq!(info.semaphore.unwrap().used, 2);
+    assert_eq!(info.holders.len(), 2);
+    let r = admin
+        .evict("adm:sem", LockKind::Semaphore, g1.owner(), Some(&info))
+        .await
+        .unwrap();
+    assert!(matches!(r, ForceReleased::Released { .. }), "{r:?}");
+    tokio::time::timeout(Duration::from_secs(15), g1.lost())
+        .await
+        .expect("the evicted holder hears it");
+    let info = admin
+        .show_kind("adm:sem", LockKind::Semaphore)
+        .await
+        .unwrap()
+        .expect("still held");
+    assert_eq!(info.holders.len(), 1);
+    assert_eq!(info.holders[0].owner, g2.owner());
+    g2.release().await.unwrap();
+}
+
 /// Review finding #11: `WAIT` must run on the connection that wrote the grant. Here the data
 /// connection is replaced between a grant and its WAIT (another call, blocked behind a WAIT of
 /// its own, times out meanwhile); a WAIT sent afresh on the new connection answers for that

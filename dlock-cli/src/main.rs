@@ -1,10 +1,13 @@
 //! `dlock`: the operator's view of the locks on a backend.
 //!
 //! ```text
-//! dlock [--url URL]... list [PATTERN] [--json]   held locks: holder (name@host:pid), owner, holds, remaining lease, token, waiters
-//! dlock [--url URL]... show NAME [--json]        one lock in detail
-//! dlock [--url URL]... unlock NAME [--yes]       force-release, wake one waiter
-//! dlock [--url URL]... watch [PATTERN]           live acquisitions and releases until Ctrl-C
+//! dlock [--url URL]... list [PATTERN] [--kind K] [--json]   held locks, semaphores and read-write locks:
+//!                                                 holder (name@host:pid), owner, holds, remaining lease, token, waiters
+//! dlock [--url URL]... show NAME [--kind K] [--json]        one in detail (semaphore: max, permits per holder;
+//!                                                 read-write lock: mode, readers, writer, waiting writer)
+//! dlock [--url URL]... unlock NAME [--yes]                  force-release a lock, wake one waiter
+//! dlock [--url URL]... unlock NAME --owner O [--yes]        evict one holder of a semaphore or read-write lock
+//! dlock [--url URL]... watch [PATTERN]           live acquisitions and releases of locks until Ctrl-C
 //! dlock [--url URL]... leader NAME [--json]      an election's leader: holder, epoch, remaining lease, value
 //! ```
 //!
@@ -13,9 +16,12 @@
 //! `postgres://`, `mysql://`, `zk://`, `zks://` (with `tls`), `etcd://`). Several `--url`s with
 //! `--redlock` are the nodes of a Redlock set; with `--cluster` the seeds of a Redis Cluster; with
 //! `--sentinel MASTER` the sentinels of a master (its credentials from `DLOCK_MASTER_USER` /
-//! `DLOCK_MASTER_PASSWORD`). Exit codes: 0 done, 1 unexpected server error, 2 usage, 3 not found, 4
-//! refused (confirmation not given, or the holder changed), 5 connection failed (refused, timed
-//! out, authentication), 6 this backend or URL is not supported. No password is ever printed.
+//! `DLOCK_MASTER_PASSWORD`). Exit codes: 0 done, 1 unexpected server error, 2 usage (also: a name
+//! held as several kinds without `--kind`, a semaphore or read-write lock unlocked without
+//! `--owner`), 3 not found, 4 refused (confirmation not given, or the holder changed), 5
+//! connection failed (refused, timed out, authentication), 6 this backend or URL is not supported
+//! (also: semaphores and read-write locks on an engine whose admin does not read them). No
+//! password is ever printed.
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -61,7 +67,8 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use dlock_runtime::admin::{
-    self, Admin, AdminError, AdminErrorKind, ForceReleased, LockEvent, LockInfo,
+    self, Admin, AdminError, AdminErrorKind, ForceReleased, Holder, HolderRole, LockEvent,
+    LockInfo, LockKind,
 };
 use serde_json::json;
 
@@ -100,33 +107,53 @@ struct Cli {
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Held locks whose name matches PATTERN (a shell glob, default `*`).
+    /// Held locks, semaphores and read-write locks whose name matches PATTERN (a shell glob,
+    /// default `*`). Engines whose admin reads plain locks only list those (a note on stderr).
     List {
-        /// Glob over lock names, e.g. `order:*`.
+        /// Glob over names, e.g. `order:*`.
         pattern: Option<String>,
+        /// Only this kind: lock, semaphore (sem), rwlock (rw).
+        #[arg(long, value_parser = parse_kind)]
+        kind: Option<LockKind>,
         /// One JSON array instead of a table.
         #[arg(long)]
         json: bool,
     },
-    /// One lock in detail (exit 3 if it is not held; with --json, `null` on stdout).
+    /// One lock, semaphore or read-write lock in detail (exit 3 if it is not held; with
+    /// --json, `null` on stdout; exit 2 if the name is held as several kinds and --kind is not
+    /// given).
     Show {
-        /// The lock name, as given to `Lock::new` or rendered from the attribute's key.
+        /// The name, as given to `Lock::new`, `Semaphore::new`, `RwLock::new` or rendered from
+        /// the attribute's key.
         name: String,
+        /// Which kind: lock, semaphore (sem), rwlock (rw). Default: the one held.
+        #[arg(long, value_parser = parse_kind)]
+        kind: Option<LockKind>,
         /// JSON instead of text.
         #[arg(long)]
         json: bool,
     },
-    /// Force-release a lock (only if it is still the hold shown) and wake one waiter. The
-    /// evicted holder's `lost()` fires at its next renewal (within a third of its ttl) or, on
-    /// ZooKeeper and etcd, when it sees its node or key deleted.
+    /// Force-release a lock (only if it is still the hold shown) and wake one waiter; or, with
+    /// --owner, evict one holder of a semaphore (its permits come back and waiters are woken
+    /// for them) or of a read-write lock (a reader, or the writer), only if that holder's grant
+    /// is still the one shown, as its own release would. The evicted holder's `lost()` fires at
+    /// its next renewal (within a third of its ttl) or, on ZooKeeper and etcd, when it sees its
+    /// node or key deleted.
     Unlock {
-        /// The lock name.
+        /// The name.
         name: String,
+        /// Which kind: lock, semaphore (sem), rwlock (rw). Default: the one held.
+        #[arg(long, value_parser = parse_kind)]
+        kind: Option<LockKind>,
+        /// The owner id of the semaphore or read-write lock holder to evict (from `show`).
+        #[arg(long)]
+        owner: Option<String>,
         /// Do not ask for confirmation.
         #[arg(long, short = 'y')]
         yes: bool,
     },
-    /// Live acquisitions and releases of locks matching PATTERN, until Ctrl-C.
+    /// Live acquisitions and releases of locks matching PATTERN, until Ctrl-C (plain locks only:
+    /// semaphores and read-write locks are not watched; list or show them).
     Watch {
         /// Glob over lock names, e.g. `order:*`.
         pattern: Option<String>,
@@ -177,12 +204,19 @@ fn engines_help() -> String {
     )
 }
 
+/// A `--kind` value.
+fn parse_kind(s: &str) -> Result<LockKind, String> {
+    LockKind::parse(s)
+        .ok_or_else(|| format!("`{s}`: expected lock, semaphore (sem) or rwlock (rw)"))
+}
+
 /// An error with its exit code.
 #[derive(Debug)]
 enum CliError {
     Admin(AdminError),
     NotFound(String),
     Refused(String),
+    Usage(String),
 }
 
 impl From<AdminError> for CliError {
@@ -202,13 +236,14 @@ impl CliError {
             },
             CliError::NotFound(_) => 3,
             CliError::Refused(_) => 4,
+            CliError::Usage(_) => 2,
         }
     }
 
     fn message(&self) -> &str {
         match self {
             CliError::Admin(e) => &e.message,
-            CliError::NotFound(m) | CliError::Refused(m) => m,
+            CliError::NotFound(m) | CliError::Refused(m) | CliError::Usage(m) => m,
         }
     }
 }
@@ -282,19 +317,34 @@ async fn sentinel(_: &str, _: &[String]) -> Result<Box<dyn Admin>, CliError> {
     )))
 }
 
+/// What a kind is called in sentences.
+fn kind_words(k: LockKind) -> &'static str {
+    match k {
+        LockKind::Semaphore => "semaphore",
+        LockKind::RwLock => "read-write lock",
+        _ => "lock",
+    }
+}
+
+/// One owner in the list's OWNER column: the lock's owner, a semaphore holder's permits, a
+/// read-write holder's side.
+fn owner_cell(h: &Holder) -> String {
+    match h.role {
+        HolderRole::Permits(n) => format!("{} ({n})", h.owner),
+        HolderRole::Reader => format!("{} (read)", h.owner),
+        HolderRole::Writer => format!("{} (write)", h.owner),
+        _ if h.holds == 0 => format!("{} (released, kept)", h.owner),
+        _ => h.owner.clone(),
+    }
+}
+
 fn owner_text(i: &LockInfo) -> String {
     if i.holders.is_empty() {
         return "-".into();
     }
     i.holders
         .iter()
-        .map(|h| {
-            if h.holds == 0 {
-                format!("{} (released, kept)", h.owner)
-            } else {
-                h.owner.clone()
-            }
-        })
+        .map(owner_cell)
         .collect::<Vec<_>>()
         .join(",")
 }
@@ -313,6 +363,47 @@ fn holder_text(i: &LockInfo) -> String {
     }
 }
 
+/// The HOLDS column: a lock's hold count, a semaphore's `used/max` permits, a read-write lock's
+/// mode (and a waiting writer).
+fn holds_text(i: &LockInfo) -> String {
+    if let Some(s) = &i.semaphore {
+        return format!("{}/{}", s.used, s.max);
+    }
+    if let Some(rw) = &i.rw {
+        let readers = i
+            .holders
+            .iter()
+            .filter(|h| h.role == HolderRole::Reader)
+            .count();
+        let mut t = match rw.mode {
+            admin::RwMode::Read => format!("read {readers}"),
+            m => m.as_str().to_string(),
+        };
+        if rw.waiting_writer.is_some() {
+            t.push_str(", writer waiting");
+        }
+        return t;
+    }
+    i.holds().to_string()
+}
+
+/// The TOKEN column: the lock's (or writer's) token, else each holder's.
+fn token_text(i: &LockInfo) -> String {
+    if let Some(t) = i.token {
+        return t.to_string();
+    }
+    let t: Vec<String> = i
+        .holders
+        .iter()
+        .filter_map(|h| h.token.map(|t| t.to_string()))
+        .collect();
+    if t.is_empty() {
+        "-".into()
+    } else {
+        t.join(",")
+    }
+}
+
 fn fmt_left(d: Option<Duration>) -> String {
     match d {
         None => "-".into(),
@@ -321,21 +412,51 @@ fn fmt_left(d: Option<Duration>) -> String {
     }
 }
 
+fn holder_json(h: &Holder) -> serde_json::Value {
+    let mut v = json!({
+        "owner": h.owner,
+        "holds": h.holds,
+        "holder": h.identity.as_ref().map(|id| json!({"name": id.name, "host": id.host, "pid": id.pid})),
+    });
+    if h.role != HolderRole::Lock {
+        v["role"] = json!(h.role.as_str());
+        v["token"] = json!(h.token);
+        v["remaining_ms"] = json!(h.remaining.map(|d| d.as_millis() as u64));
+    }
+    if let HolderRole::Permits(n) = h.role {
+        v["permits"] = json!(n);
+    }
+    v
+}
+
 fn to_json(i: &LockInfo) -> serde_json::Value {
-    json!({
+    let mut v = json!({
         "name": i.name,
-        "owners": i.holders.iter().map(|h| json!({
-            "owner": h.owner,
-            "holds": h.holds,
-            "holder": h.identity.as_ref().map(|id| json!({"name": id.name, "host": id.host, "pid": id.pid})),
-        })).collect::<Vec<_>>(),
+        "kind": i.kind.as_str(),
+        "owners": i.holders.iter().map(holder_json).collect::<Vec<_>>(),
         "holds": i.holds(),
         "remaining_ms": i.remaining.map(|d| d.as_millis() as u64),
         "fencing_token": i.token,
         "waiters": i.waiters,
         "waiters_are": i.waiters_are,
         "details": i.details.iter().map(|(k, v)| (k.clone(), json!(v))).collect::<serde_json::Map<_, _>>(),
-    })
+    });
+    if let Some(s) = &i.semaphore {
+        v["semaphore"] = json!({"max": s.max, "used": s.used, "free": s.free()});
+    }
+    if let Some(rw) = &i.rw {
+        v["rwlock"] = json!({
+            "mode": rw.mode.as_str(),
+            "readers": i.holders.iter().filter(|h| h.role == HolderRole::Reader).count(),
+            "writer": i.holders.iter().find(|h| h.role == HolderRole::Writer).map(|h| h.owner.clone()),
+            "waiting_writer": rw.waiting_writer.as_ref().map(|w| json!({
+                "owner": w.owner,
+                "remaining_ms": w.remaining.map(|d| d.as_millis() as u64),
+                "holder": w.identity.as_ref().map(|id| json!({"name": id.name, "host": id.host, "pid": id.pid})),
+            })),
+        });
+    }
+    v
 }
 
 fn pattern(p: Option<&str>) -> Result<glob::Pattern, CliError> {
@@ -343,20 +464,43 @@ fn pattern(p: Option<&str>) -> Result<glob::Pattern, CliError> {
         .map_err(|e| CliError::Refused(format!("invalid PATTERN: {e}")))
 }
 
-async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(), CliError> {
+/// The engine's admin must read `kind` (an [`AdminErrorKind::Unsupported`] error otherwise).
+fn check_kind(admin: &dyn Admin, kind: LockKind) -> Result<(), CliError> {
+    if admin.kinds().contains(&kind) {
+        Ok(())
+    } else {
+        Err(admin::unsupported_kind(admin.engine(), kind).into())
+    }
+}
+
+async fn list(
+    admin: &dyn Admin,
+    pat: Option<&str>,
+    kind: Option<LockKind>,
+    as_json: bool,
+) -> Result<(), CliError> {
     let glob = pattern(pat)?;
+    if let Some(k) = kind {
+        check_kind(admin, k)?;
+    }
     let prefix = admin::glob_prefix(pat.unwrap_or("*"));
     let listing = admin.list(prefix).await?;
     let infos: Vec<&LockInfo> = listing
         .locks
         .iter()
-        .filter(|i| glob.matches(&i.name))
+        .filter(|i| glob.matches(&i.name) && kind.is_none_or(|k| k == i.kind))
         .collect();
     if listing.skipped > 0 {
         eprintln!(
             "dlock: {} entr{} in the lock namespace are not dlock locks; not shown",
             listing.skipped,
             if listing.skipped == 1 { "y" } else { "ies" }
+        );
+    }
+    if kind.is_none() && admin.kinds().len() < LockKind::ALL.len() {
+        eprintln!(
+            "dlock: the {} admin lists plain locks only (no semaphores or read-write locks)",
+            admin.engine()
         );
     }
     if as_json {
@@ -368,22 +512,24 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
         out!("no locks held");
         return Ok(());
     }
-    let rows: Vec<[String; 7]> = infos
+    let rows: Vec<[String; 8]> = infos
         .iter()
         .map(|i| {
             [
                 safe(&i.name).into_owned(),
+                i.kind.as_str().to_string(),
                 safe(&holder_text(i)).into_owned(),
                 safe(&owner_text(i)).into_owned(),
-                i.holds().to_string(),
+                holds_text(i),
                 fmt_left(i.remaining),
-                i.token.map_or("-".into(), |t| t.to_string()),
+                token_text(i),
                 i.waiters.map_or("-".into(), |w| w.to_string()),
             ]
         })
         .collect();
     let head = [
         "NAME",
+        "KIND",
         "HOLDER",
         "OWNER",
         "HOLDS",
@@ -397,7 +543,7 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
             w[i] = w[i].max(c.chars().count());
         }
     }
-    let line = |cols: [&str; 7]| {
+    let line = |cols: [&str; 8]| {
         cols.iter()
             .enumerate()
             .map(|(i, c)| format!("{c:<width$}", width = w[i]))
@@ -408,52 +554,104 @@ async fn list(admin: &dyn Admin, pat: Option<&str>, as_json: bool) -> Result<(),
     };
     out!("{}", line(head));
     for r in &rows {
-        out!(
-            "{}",
-            line([&r[0], &r[1], &r[2], &r[3], &r[4], &r[5], &r[6]].map(|s| s.as_str()))
-        );
+        out!("{}", line(std::array::from_fn(|k| r[k].as_str())));
     }
     Ok(())
 }
 
+fn print_identity(h: &Holder) {
+    match &h.identity {
+        Some(id) => out!(
+            "holder         {} (host {}, pid {}, name {})",
+            id,
+            id.host,
+            id.pid,
+            id.name
+        ),
+        None => out!("holder         - (not stored for this owner)"),
+    }
+}
+
 fn print_detail(i: &LockInfo) {
-    out!("lock           {}", i.name);
-    for h in &i.holders {
-        if h.holds == 0 {
-            out!(
-                "owner          {} (released; kept taken by hold_at_least)",
-                h.owner
-            );
-        } else {
-            out!(
-                "owner          {} ({} hold{})",
-                h.owner,
-                h.holds,
-                if h.holds == 1 { "" } else { "s" }
-            );
-        }
-        match &h.identity {
-            Some(id) => out!(
-                "holder         {} (host {}, pid {}, name {})",
-                id,
-                id.host,
-                id.pid,
-                id.name
+    match i.kind {
+        LockKind::Semaphore => out!("semaphore      {}", i.name),
+        LockKind::RwLock => out!("rwlock         {}", i.name),
+        _ => out!("lock           {}", i.name),
+    }
+    if let Some(s) = &i.semaphore {
+        out!(
+            "permits        {} of {} held, {} free",
+            s.used,
+            s.max,
+            s.free()
+        );
+    }
+    if let Some(rw) = &i.rw {
+        let readers = i
+            .holders
+            .iter()
+            .filter(|h| h.role == HolderRole::Reader)
+            .count();
+        match rw.mode {
+            admin::RwMode::Read => out!(
+                "mode           read ({readers} reader{})",
+                if readers == 1 { "" } else { "s" }
             ),
-            None => out!("holder         - (not stored for this owner)"),
+            m => out!("mode           {}", m.as_str()),
         }
     }
-    out!(
-        "remaining      {}",
-        match i.remaining {
-            Some(_) => fmt_left(i.remaining),
-            None => "- (no per-lock expiry: the lease is the holder's session)".into(),
+    for h in &i.holders {
+        let token = h.token.map_or("-".into(), |t| t.to_string());
+        let lease = fmt_left(h.remaining);
+        let holds = format!("{} hold{}", h.holds, if h.holds == 1 { "" } else { "s" });
+        match h.role {
+            HolderRole::Permits(n) => out!(
+                "owner          {} ({n} permit{}, token {token}, lease {lease})",
+                h.owner,
+                if n == 1 { "" } else { "s" }
+            ),
+            HolderRole::Reader => out!(
+                "reader         {} ({holds}, token {token}, lease {lease})",
+                h.owner
+            ),
+            HolderRole::Writer => out!(
+                "writer         {} ({holds}, token {token}, lease {lease})",
+                h.owner
+            ),
+            _ if h.holds == 0 => out!(
+                "owner          {} (released; kept taken by hold_at_least)",
+                h.owner
+            ),
+            _ => out!("owner          {} ({holds})", h.owner),
         }
-    );
-    out!(
-        "fencing token  {}",
-        i.token.map_or("-".into(), |t| t.to_string())
-    );
+        print_identity(h);
+    }
+    if let Some(rw) = &i.rw {
+        match &rw.waiting_writer {
+            Some(w) => {
+                out!(
+                    "writer waiting {} (marker lease {}; new readers wait)",
+                    w.owner,
+                    fmt_left(w.remaining)
+                );
+                print_identity(w);
+            }
+            None => out!("writer waiting -"),
+        }
+    }
+    let remaining = match (i.kind, i.remaining) {
+        (_, None) => "- (no per-lock expiry: the lease is the holder's session)".into(),
+        (LockKind::Lock, r) => fmt_left(r),
+        (_, r) => format!("{} (the longest lease)", fmt_left(r)),
+    };
+    out!("remaining      {remaining}");
+    // A semaphore's and a read-write lock's tokens are their holders' (above).
+    if i.kind == LockKind::Lock {
+        out!(
+            "fencing token  {}",
+            i.token.map_or("-".into(), |t| t.to_string())
+        );
+    }
     match i.waiters {
         Some(w) => out!("waiting        {w} {}", i.waiters_are),
         None => out!("waiting        - (not visible on this backend)"),
@@ -463,13 +661,47 @@ fn print_detail(i: &LockInfo) {
     }
 }
 
-async fn show(admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliError> {
-    let Some(i) = admin.show(name).await? else {
+/// The name held as `kind`, or as the one kind it is held as; `Ok(None)` when not held.
+async fn resolve(
+    admin: &dyn Admin,
+    name: &str,
+    kind: Option<LockKind>,
+) -> Result<Option<LockInfo>, CliError> {
+    if let Some(k) = kind {
+        check_kind(admin, k)?;
+        return Ok(admin.show_kind(name, k).await?);
+    }
+    let mut held = Vec::new();
+    for k in admin.kinds() {
+        if let Some(i) = admin.show_kind(name, *k).await? {
+            held.push(i);
+        }
+    }
+    if held.len() > 1 {
+        let kinds: Vec<&str> = held.iter().map(|i| i.kind.as_str()).collect();
+        return Err(CliError::Usage(format!(
+            "`{name}` is held as {}: say which with --kind",
+            kinds.join(" and as ")
+        )));
+    }
+    Ok(held.pop())
+}
+
+async fn show(
+    admin: &dyn Admin,
+    name: &str,
+    kind: Option<LockKind>,
+    as_json: bool,
+) -> Result<(), CliError> {
+    let Some(i) = resolve(admin, name, kind).await? else {
         if as_json {
             // Scripts get a JSON value on stdout either way (exit 3 still says "not held").
             out!("null");
         }
-        return Err(CliError::NotFound(format!("lock `{name}` is not held")));
+        return Err(CliError::NotFound(format!(
+            "{} `{name}` is not held",
+            kind.map_or("lock", kind_words)
+        )));
     };
     if as_json {
         out!("{}", to_json(&i));
@@ -479,36 +711,64 @@ async fn show(admin: &dyn Admin, name: &str, as_json: bool) -> Result<(), CliErr
     Ok(())
 }
 
-async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError> {
-    let i = admin
-        .show(name)
-        .await?
-        .ok_or_else(|| CliError::NotFound(format!("lock `{name}` is not held; nothing to do")))?;
+/// Asks on stdin; `Err(Refused)` unless the answer is yes.
+fn confirm(question: &str) -> Result<(), CliError> {
+    let _ = write!(std::io::stdout(), "{} [y/N] ", safe(question));
+    let _ = std::io::stdout().flush();
+    let mut answer = String::new();
+    let stdin = std::io::stdin();
+    let interactive = stdin.is_terminal();
+    let read = stdin.lock().read_line(&mut answer).unwrap_or(0);
+    if read == 0 {
+        out!();
+        return Err(CliError::Refused(if interactive {
+            "not confirmed; nothing done".into()
+        } else {
+            "not confirmed (no answer on stdin; pass --yes in scripts); nothing done".into()
+        }));
+    }
+    if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
+        return Err(CliError::Refused("not confirmed; nothing done".into()));
+    }
+    Ok(())
+}
+
+async fn unlock(
+    admin: &dyn Admin,
+    name: &str,
+    kind: Option<LockKind>,
+    owner: Option<&str>,
+    yes: bool,
+) -> Result<(), CliError> {
+    let i = resolve(admin, name, kind).await?.ok_or_else(|| {
+        CliError::NotFound(format!(
+            "{} `{name}` is not held; nothing to do",
+            kind.map_or("lock", kind_words)
+        ))
+    })?;
+    match (i.kind, owner) {
+        (LockKind::Lock, None) => {}
+        (LockKind::Lock, Some(_)) => {
+            return Err(CliError::Usage(format!(
+                "lock `{name}` has one owner: unlock it without --owner"
+            )));
+        }
+        (k, None) => {
+            return Err(CliError::Usage(format!(
+                "{} `{name}` has {} holder{}: name the one to evict with --owner OWNER (see \
+                 `dlock show`)",
+                kind_words(k),
+                i.holders.len(),
+                if i.holders.len() == 1 { "" } else { "s" }
+            )));
+        }
+        (k, Some(o)) => return evict(admin, &i, k, o, yes).await,
+    }
     // With --yes, act first and print after: an output nobody reads must not decide whether the
     // lock is released.
     if !yes {
         print_detail(&i);
-        let _ = write!(
-            std::io::stdout(),
-            "force-release lock `{}`? the holder loses it [y/N] ",
-            safe(name)
-        );
-        let _ = std::io::stdout().flush();
-        let mut answer = String::new();
-        let stdin = std::io::stdin();
-        let interactive = stdin.is_terminal();
-        let read = stdin.lock().read_line(&mut answer).unwrap_or(0);
-        if read == 0 {
-            out!();
-            return Err(CliError::Refused(if interactive {
-                "not confirmed; nothing done".into()
-            } else {
-                "not confirmed (no answer on stdin; pass --yes in scripts); nothing done".into()
-            }));
-        }
-        if !matches!(answer.trim(), "y" | "Y" | "yes" | "YES") {
-            return Err(CliError::Refused("not confirmed; nothing done".into()));
-        }
+        confirm(&format!("force-release lock `{name}`? the holder loses it"))?;
     }
     let released = admin.force_release(name, Some(&i)).await?;
     if yes {
@@ -540,6 +800,64 @@ async fn unlock(admin: &dyn Admin, name: &str, yes: bool) -> Result<(), CliError
     }
 }
 
+/// `unlock NAME --owner OWNER` of a semaphore or read-write lock: evicts that one holder.
+async fn evict(
+    admin: &dyn Admin,
+    i: &LockInfo,
+    kind: LockKind,
+    owner: &str,
+    yes: bool,
+) -> Result<(), CliError> {
+    let name = &i.name;
+    let words = kind_words(kind);
+    let Some(h) = i.holder(owner) else {
+        return Err(CliError::NotFound(format!(
+            "{owner} holds nothing of {words} `{name}`; nothing to do (see `dlock show`)"
+        )));
+    };
+    let what = match h.role {
+        HolderRole::Permits(n) => format!("its {n} permit{}", if n == 1 { "" } else { "s" }),
+        HolderRole::Writer => "its write hold".into(),
+        _ => "its read hold".into(),
+    };
+    if !yes {
+        print_detail(i);
+        confirm(&format!(
+            "evict {owner} from {words} `{name}`? it loses {what}"
+        ))?;
+    }
+    let r = admin.evict(name, kind, owner, Some(i)).await?;
+    if yes {
+        print_detail(i);
+    }
+    match r {
+        ForceReleased::NotHeld => Err(CliError::NotFound(format!(
+            "{owner} gave back its hold of {words} `{name}` before the unlock; nothing done"
+        ))),
+        ForceReleased::Changed => Err(CliError::Refused(format!(
+            "{owner}'s hold of {words} `{name}` changed since it was shown; nothing done (run \
+             again)"
+        ))),
+        ForceReleased::Released { .. } => {
+            out!(
+                "evicted {owner} from {words} `{name}` ({what}, token {}) on {}",
+                h.token.map_or("-".into(), |t| t.to_string()),
+                admin.target()
+            );
+            match kind {
+                LockKind::Semaphore => out!(
+                    "the permits came back; waiters are woken for them, as on the owner's release"
+                ),
+                _ => out!("waiters are woken as on the owner's release"),
+            }
+            out!(
+                "the evicted holder's lost() fires at its next renewal (within a third of its ttl)"
+            );
+            Ok(())
+        }
+    }
+}
+
 fn now_text() -> String {
     let t = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -558,7 +876,16 @@ async fn watch(admin: &dyn Admin, pat: Option<&str>) -> Result<(), CliError> {
     let glob = pattern(pat)?;
     let prefix = admin::glob_prefix(pat.unwrap_or("*"));
     let mut w = admin.watch(prefix).await?;
-    out!("watching {} on {}; Ctrl-C to stop", w.sees, admin.target());
+    out!(
+        "watching {} on {}{}; Ctrl-C to stop",
+        w.sees,
+        admin.target(),
+        if admin.kinds().len() > 1 {
+            " (plain locks: semaphores and read-write locks are not watched)"
+        } else {
+            ""
+        }
+    );
     let _ = std::io::stdout().flush();
     let ctrl_c = tokio::signal::ctrl_c();
     tokio::pin!(ctrl_c);
@@ -701,9 +1028,18 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let admin = connect(&cli).await?;
     let admin = admin.as_ref();
     match &cli.cmd {
-        Cmd::List { pattern, json } => list(admin, pattern.as_deref(), *json).await,
-        Cmd::Show { name, json } => show(admin, name, *json).await,
-        Cmd::Unlock { name, yes } => unlock(admin, name, *yes).await,
+        Cmd::List {
+            pattern,
+            kind,
+            json,
+        } => list(admin, pattern.as_deref(), *kind, *json).await,
+        Cmd::Show { name, kind, json } => show(admin, name, *kind, *json).await,
+        Cmd::Unlock {
+            name,
+            kind,
+            owner,
+            yes,
+        } => unlock(admin, name, *kind, owner.as_deref(), *yes).await,
         Cmd::Watch { pattern } => watch(admin, pattern.as_deref()).await,
         Cmd::Leader { name, json } => leader(&cli, admin, name, *json).await,
     }

@@ -1071,3 +1071,444 @@ fn leader_shows_the_term_epoch_remaining_and_value() {
     assert_eq!(v["term"]["fencing_token"].to_string(), epoch, "{v}");
     rt.block_on(term.resign()).unwrap();
 }
+
+/// A multi-thread runtime whose tasks (the holders' watchdogs) run while the CLI runs.
+fn holders_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// `dlock show NAME --json` parsed (with `extra` arguments).
+fn show_json(url: &str, name: &str, extra: &[&str]) -> serde_json::Value {
+    let mut a = vec!["show", name, "--json"];
+    a.extend(extra);
+    let o = dlock(url, &a, "");
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&o)))
+}
+
+/// Polls `show NAME --json` until `ok` holds (10 s bound).
+fn show_until(
+    url: &str,
+    name: &str,
+    extra: &[&str],
+    what: &str,
+    ok: impl Fn(&serde_json::Value) -> bool,
+) -> serde_json::Value {
+    let start = Instant::now();
+    loop {
+        let v = show_json(url, name, extra);
+        if ok(&v) {
+            return v;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "{what} never seen: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The JSON entry of `owner` in a `show --json` value.
+fn owner_entry<'a>(v: &'a serde_json::Value, owner: &str) -> &'a serde_json::Value {
+    v["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["owner"] == owner)
+        .unwrap_or_else(|| panic!("{owner} not in {v}"))
+}
+
+/// Issue 21: a semaphore with two holders (2 + 1 of 3 permits) is listed and shown with its
+/// max, each holder's permits, token and lease, the free permits and its waiter; `unlock
+/// --owner` evicts exactly one holder: its 2 permits come back and the waiter asking for 2 is
+/// woken and gets them, while the other holder keeps its permit. A name held as a lock and as a
+/// semaphore needs `--kind`; a semaphore unlocked without `--owner`, or with an owner that holds
+/// nothing, is refused.
+#[test]
+fn semaphore_holders_listed_shown_and_one_evicted() {
+    let redis = Redis::start(&[]);
+    let url = redis.url();
+    let rt = holders_runtime();
+    let sem = |n: u32| {
+        dlock_runtime::Semaphore::new("cli:sem", 3)
+            .backend("cli-sem")
+            .permits(n)
+            .ttl(Duration::from_secs(20))
+    };
+    let (g1, g2, lock) = rt.block_on(async {
+        dlock_runtime::init_named("cli-sem", &url).await.unwrap();
+        let g1 = sem(2).acquire().await.unwrap();
+        let g2 = sem(1).acquire().await.unwrap();
+        // A plain lock of the same name: another thing, listed beside it.
+        let lock = dlock_runtime::Lock::new("cli:sem")
+            .backend("cli-sem")
+            .ttl(Duration::from_secs(20))
+            .acquire()
+            .await
+            .unwrap();
+        (g1, g2, lock)
+    });
+
+    let o = dlock(&url, &["list", "--json"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let all = v.as_array().unwrap();
+    assert_eq!(all.len(), 2, "{v}");
+    assert_eq!(all[0]["kind"], "lock");
+    let s = &all[1];
+    assert_eq!(s["name"], "cli:sem");
+    assert_eq!(s["kind"], "semaphore");
+    assert_eq!(s["semaphore"]["max"], 3);
+    assert_eq!(s["semaphore"]["used"], 3);
+    assert_eq!(s["semaphore"]["free"], 0);
+    assert_eq!(s["owners"].as_array().unwrap().len(), 2, "{s}");
+    for g in [&g1, &g2] {
+        let e = owner_entry(s, g.owner());
+        assert_eq!(e["role"], "permits");
+        assert_eq!(e["permits"], g.permits());
+        assert_eq!(e["token"].as_u64(), Some(g.fencing_token()), "{e}");
+        let rem = e["remaining_ms"].as_u64().unwrap();
+        assert!(rem > 0 && rem <= 20_000, "{rem}");
+    }
+    // --kind filters.
+    let o = dlock(&url, &["list", "--kind", "sem", "--json"], "");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+    // The table: the kind and used/max.
+    let o = dlock(&url, &["list"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let row = out
+        .lines()
+        .find(|l| l.contains("semaphore"))
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(row.contains("3/3"), "{row}");
+    assert!(row.contains(&format!("{} (2)", g1.owner())), "{row}");
+    assert!(row.contains(&g1.fencing_token().to_string()), "{row}");
+
+    // The name is held as two kinds: `show` without --kind is a usage error.
+    let o = dlock(&url, &["show", "cli:sem"], "");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--kind"), "{}", text(&o));
+    rt.block_on(lock.release()).unwrap();
+    let o = dlock(&url, &["show", "cli:sem"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("semaphore      cli:sem"), "{out}");
+    assert!(out.contains("permits        3 of 3 held, 0 free"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "owner          {} (2 permits, token {}",
+            g1.owner(),
+            g1.fencing_token()
+        )),
+        "{out}"
+    );
+
+    // A waiter for 2 permits (wait 30 s), seen as one waiting process.
+    let (wtx, wrx) = mpsc::channel::<(Instant, String, u64)>();
+    let waiter = rt.spawn(async move {
+        let g = dlock_runtime::Semaphore::new("cli:sem", 3)
+            .backend("cli-sem")
+            .permits(2)
+            .ttl(Duration::from_secs(20))
+            .wait(Duration::from_secs(30))
+            .acquire()
+            .await
+            .unwrap();
+        let _ = wtx.send((Instant::now(), g.owner().to_string(), g.fencing_token()));
+        g
+    });
+    show_until(&url, "cli:sem", &[], "the waiter", |v| v["waiters"] == 1);
+
+    // Refusals: no --owner (usage), an owner that holds nothing (not found), no confirmation.
+    let o = dlock(&url, &["unlock", "cli:sem", "--yes"], "");
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = dlock(
+        &url,
+        &["unlock", "cli:sem", "--owner", "nobody", "--yes"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let o = dlock(&url, &["unlock", "cli:sem", "--owner", g1.owner()], "n\n");
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    assert_eq!(show_json(&url, "cli:sem", &[])["semaphore"]["used"], 3);
+
+    let t0 = Instant::now();
+    let o = dlock(&url, &["unlock", "cli:sem", "--owner", g1.owner()], "y\n");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(
+        text(&o).contains(&format!("evicted {} from semaphore `cli:sem`", g1.owner())),
+        "{}",
+        text(&o)
+    );
+    // The 2 freed permits wake the waiter (the holders' leases have 20 s: no lease ran out).
+    let (got, w_owner, w_token) = wrx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("waiter not woken");
+    assert!(
+        got.duration_since(t0) < Duration::from_secs(5),
+        "waiter took {:?} after the eviction",
+        got.duration_since(t0)
+    );
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(15), g1.lost())
+            .await
+            .expect("the evicted holder hears it")
+    });
+    assert!(g2.is_valid());
+    let v = show_json(&url, "cli:sem", &[]);
+    assert_eq!(v["semaphore"]["used"], 3, "{v}");
+    assert_eq!(v["owners"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(owner_entry(&v, g2.owner())["permits"], 1);
+    assert_eq!(owner_entry(&v, &w_owner)["permits"], 2);
+    assert_eq!(owner_entry(&v, &w_owner)["token"].as_u64(), Some(w_token));
+    assert!(
+        v["owners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|o| o["owner"] != g1.owner())
+    );
+    let w = rt.block_on(waiter).unwrap();
+    rt.block_on(async {
+        w.release().await.unwrap();
+        g2.release().await.unwrap();
+    });
+    let o = dlock(&url, &["show", "cli:sem"], "");
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+}
+
+/// Spawns `dlock args` with its stdin open; returns it once its stdout shows `prompt`, with what
+/// it printed so far.
+fn dlock_until_prompt(url: &str, args: &[&str], prompt: &str) -> (Proc, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_dlock"));
+    cmd.args(args)
+        .env("DLOCK_URL", url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = Proc(spawn_child(cmd).unwrap());
+    let mut out = child.0.stdout.take().unwrap();
+    let (tx, rx) = mpsc::channel::<Vec<u8>>();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = std::io::Read::read(&mut out, &mut buf) {
+            if n == 0 || tx.send(buf[..n].to_vec()).is_err() {
+                return;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    let start = Instant::now();
+    while !String::from_utf8_lossy(&seen).contains(prompt) {
+        let left = Duration::from_secs(20).saturating_sub(start.elapsed());
+        match rx.recv_timeout(left) {
+            Ok(b) => seen.extend(b),
+            Err(_) => panic!(
+                "no prompt from dlock {args:?}: {}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+    }
+    // The rest of stdout is drained by the thread (and dropped).
+    (child, String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// Issue 21: a read-write lock with two readers and a waiting writer is listed and shown with
+/// its mode, each reader's hold, token and lease, and the waiting writer's marker; `unlock
+/// --owner` evicts one reader (the other keeps its hold, the writer keeps waiting), then the
+/// other, which hands the lock to the writer; the write-held lock is shown with its writer. An
+/// eviction confirmed after the holder changed (the writer downgraded to a reader while the
+/// prompt waited) is refused and leaves the hold alone.
+#[test]
+fn rwlock_readers_waiting_writer_and_writer_shown_and_evicted() {
+    let redis = Redis::start(&[]);
+    let url = redis.url();
+    let rt = holders_runtime();
+    let rw = || {
+        dlock_runtime::RwLock::new("cli:rw")
+            .backend("cli-rw")
+            .ttl(Duration::from_secs(20))
+    };
+    let (r1, r2) = rt.block_on(async {
+        dlock_runtime::init_named("cli-rw", &url).await.unwrap();
+        (rw().read().await.unwrap(), rw().read().await.unwrap())
+    });
+    let (wtx, wrx) = mpsc::channel::<(Instant, String, u64)>();
+    let writer = rt.spawn(async move {
+        let g = dlock_runtime::RwLock::new("cli:rw")
+            .backend("cli-rw")
+            .ttl(Duration::from_secs(20))
+            .wait(Duration::from_secs(30))
+            .write()
+            .await
+            .unwrap();
+        let _ = wtx.send((Instant::now(), g.owner().to_string(), g.fencing_token()));
+        g
+    });
+    let v = show_until(&url, "cli:rw", &[], "the waiting writer", |v| {
+        v["rwlock"]["waiting_writer"]["owner"].is_string()
+    });
+    assert_eq!(v["kind"], "rwlock");
+    assert_eq!(v["rwlock"]["mode"], "read");
+    assert_eq!(v["rwlock"]["readers"], 2);
+    assert_eq!(v["rwlock"]["writer"], serde_json::Value::Null);
+    let w_owner = v["rwlock"]["waiting_writer"]["owner"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let rem = v["rwlock"]["waiting_writer"]["remaining_ms"]
+        .as_u64()
+        .unwrap();
+    assert!(rem > 0 && rem <= 20_000, "{rem}");
+    for g in [&r1, &r2] {
+        let e = owner_entry(&v, g.owner());
+        assert_eq!(e["role"], "read");
+        assert_eq!(e["holds"], 1);
+        assert_eq!(e["token"].as_u64(), Some(g.fencing_token()), "{e}");
+        let rem = e["remaining_ms"].as_u64().unwrap();
+        assert!(rem > 0 && rem <= 20_000, "{rem}");
+    }
+    let o = dlock(&url, &["list", "cli:*"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let row = out
+        .lines()
+        .find(|l| l.starts_with("cli:rw"))
+        .unwrap_or_else(|| panic!("{}", text(&o)));
+    assert!(row.contains("rwlock"), "{row}");
+    assert!(row.contains("read 2, writer waiting"), "{row}");
+    let o = dlock(&url, &["show", "cli:rw"], "");
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("mode           read (2 readers)"), "{out}");
+    assert!(
+        out.contains(&format!(
+            "reader         {} (1 hold, token {}",
+            r1.owner(),
+            r1.fencing_token()
+        )),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("writer waiting {w_owner} (marker lease")),
+        "{out}"
+    );
+
+    // Evict one reader: the other keeps its hold and the writer still waits.
+    let o = dlock(
+        &url,
+        &[
+            "unlock",
+            "cli:rw",
+            "--kind",
+            "rw",
+            "--owner",
+            r1.owner(),
+            "--yes",
+        ],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    rt.block_on(async {
+        tokio::time::timeout(Duration::from_secs(15), r1.lost())
+            .await
+            .expect("the evicted reader hears it")
+    });
+    let v = show_json(&url, "cli:rw", &[]);
+    assert_eq!(v["rwlock"]["readers"], 1, "{v}");
+    assert_eq!(owner_entry(&v, r2.owner())["role"], "read");
+    assert_eq!(v["rwlock"]["waiting_writer"]["owner"], w_owner.as_str());
+    assert!(wrx.try_recv().is_err(), "the writer got in beside a reader");
+
+    // Evict the last reader: the writer is woken and granted.
+    let t0 = Instant::now();
+    let o = dlock(
+        &url,
+        &["unlock", "cli:rw", "--owner", r2.owner(), "--yes"],
+        "",
+    );
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    let (got, owner, token) = wrx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("writer not granted");
+    assert!(
+        got.duration_since(t0) < Duration::from_secs(5),
+        "writer took {:?}",
+        got.duration_since(t0)
+    );
+    assert_eq!(owner, w_owner);
+    let w = rt.block_on(writer).unwrap();
+
+    // Write-held: the writer, its token; no readers, no one waiting.
+    let v = show_json(&url, "cli:rw", &[]);
+    assert_eq!(v["rwlock"]["mode"], "write", "{v}");
+    assert_eq!(v["rwlock"]["writer"], w_owner.as_str());
+    assert_eq!(v["rwlock"]["readers"], 0);
+    assert_eq!(v["rwlock"]["waiting_writer"], serde_json::Value::Null);
+    assert_eq!(v["fencing_token"].as_u64(), Some(token));
+    assert_eq!(owner_entry(&v, &w_owner)["role"], "write");
+    let o = dlock(&url, &["show", "cli:rw"], "");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(out.contains("mode           write"), "{out}");
+    assert!(
+        out.contains(&format!("writer         {w_owner} (1 hold, token {token}")),
+        "{out}"
+    );
+    let o = dlock(&url, &["list"], "");
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    let row = out.lines().find(|l| l.starts_with("cli:rw")).unwrap();
+    assert!(row.contains(&format!("{w_owner} (write)")), "{row}");
+
+    // Shown as the writer, confirmed after it downgraded (same owner, now a reader): refused.
+    let (mut child, shown) =
+        dlock_until_prompt(&url, &["unlock", "cli:rw", "--owner", &w_owner], "[y/N]");
+    assert!(shown.contains("its write hold"), "{shown}");
+    let r = rt.block_on(w.downgrade()).unwrap();
+    child.0.stdin.take().unwrap().write_all(b"y\n").unwrap();
+    let start = Instant::now();
+    let status = loop {
+        if let Some(s) = child.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "unlock hung");
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    assert_eq!(status.code(), Some(4));
+    assert!(r.is_valid());
+    let v = show_json(&url, "cli:rw", &[]);
+    assert_eq!(v["rwlock"]["mode"], "read", "{v}");
+    assert_eq!(owner_entry(&v, &w_owner)["role"], "read");
+    rt.block_on(r.release()).unwrap();
+    assert_eq!(dlock(&url, &["show", "cli:rw"], "").status.code(), Some(3));
+}
+
+/// An engine whose admin reads plain locks only (here Redlock) still lists its locks, says so
+/// on stderr, and answers a semaphore or read-write question with exit 6.
+#[test]
+fn engines_without_semaphore_admin_answer_unsupported() {
+    let nodes = [Redis::start(&[]), Redis::start(&[])];
+    let (url, url2) = (nodes[0].url(), nodes[1].url());
+    let base = ["--redlock", "--url", url.as_str(), "--url", url2.as_str()];
+    let run = |extra: &[&str]| {
+        let mut a = base.to_vec();
+        a.extend(extra);
+        dlock(&url, &a, "")
+    };
+    let o = run(&["list"]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("plain locks only"), "{}", text(&o));
+    for args in [
+        &["show", "x", "--kind", "semaphore"][..],
+        &["list", "--kind", "rwlock"],
+        &["unlock", "x", "--kind", "sem", "--owner", "o", "--yes"],
+    ] {
+        let o = run(args);
+        assert_eq!(o.status.code(), Some(6), "{args:?}: {}", text(&o));
+        assert!(text(&o).contains("does not read"), "{}", text(&o));
+    }
+}

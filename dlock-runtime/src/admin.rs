@@ -60,6 +60,137 @@ pub struct Holder {
     /// `None` when the store has none for it (a holder of an older version, an identity that
     /// expired, an engine that keeps none).
     pub identity: Option<HolderId>,
+    /// What this owner holds: the lock, permits of a semaphore, or one side of a read-write
+    /// lock.
+    pub role: HolderRole,
+    /// The fencing token of this owner's grant, when the engine stores one per holder
+    /// (semaphores and read-write locks; a plain lock's is [`LockInfo::token`]).
+    pub token: Option<u64>,
+    /// Time left on this owner's own lease, when each holder has one (semaphores and
+    /// read-write locks; a plain lock's is [`LockInfo::remaining`]).
+    pub remaining: Option<Duration>,
+}
+
+/// What a [`Holder`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum HolderRole {
+    /// A plain lock (`holds` counts its re-entries).
+    Lock,
+    /// This many permits of a semaphore (`holds` is 1: permits are not re-entered).
+    Permits(u32),
+    /// A read hold of a read-write lock (`holds` counts its re-entries).
+    Reader,
+    /// The write hold of a read-write lock (`holds` counts its re-entries).
+    Writer,
+}
+
+impl HolderRole {
+    /// `"lock"`, `"permits"`, `"read"`, `"write"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            HolderRole::Lock => "lock",
+            HolderRole::Permits(_) => "permits",
+            HolderRole::Reader => "read",
+            HolderRole::Writer => "write",
+        }
+    }
+}
+
+/// What a name is held as. A lock, a semaphore and a read-write lock of the same name are three
+/// different things (their keys or rows never meet), so a name may be listed once per kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum LockKind {
+    /// A [`crate::Lock`] (also an election's term).
+    Lock,
+    /// A [`crate::Semaphore`].
+    Semaphore,
+    /// A [`crate::RwLock`].
+    RwLock,
+}
+
+impl LockKind {
+    /// Every kind, in listing order.
+    pub const ALL: [LockKind; 3] = [LockKind::Lock, LockKind::Semaphore, LockKind::RwLock];
+
+    /// `"lock"`, `"semaphore"`, `"rwlock"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            LockKind::Lock => "lock",
+            LockKind::Semaphore => "semaphore",
+            LockKind::RwLock => "rwlock",
+        }
+    }
+
+    /// The kind a word names (`lock`, `semaphore`/`sem`, `rwlock`/`rw`).
+    pub fn parse(s: &str) -> Option<LockKind> {
+        match s.to_ascii_lowercase().as_str() {
+            "lock" => Some(LockKind::Lock),
+            "semaphore" | "sem" => Some(LockKind::Semaphore),
+            "rwlock" | "rw" => Some(LockKind::RwLock),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for LockKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A semaphore's limit and use (its holders are [`LockInfo::holders`], each with
+/// [`HolderRole::Permits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SemaphoreState {
+    /// The `max` the name was created with.
+    pub max: u32,
+    /// Permits held by live holders (leases not ended by the server's clock).
+    pub used: u32,
+}
+
+impl SemaphoreState {
+    /// Permits free now (`max - used`).
+    pub fn free(&self) -> u32 {
+        self.max.saturating_sub(self.used)
+    }
+}
+
+/// The mode of a read-write lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum RwMode {
+    /// No live hold (only a waiting writer's marker is left).
+    Free,
+    /// Held by one or more readers.
+    Read,
+    /// Held by one writer.
+    Write,
+}
+
+impl RwMode {
+    /// `"free"`, `"read"`, `"write"`.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            RwMode::Free => "free",
+            RwMode::Read => "read",
+            RwMode::Write => "write",
+        }
+    }
+}
+
+/// A read-write lock's mode and its waiting writer (its holders are [`LockInfo::holders`], each
+/// with [`HolderRole::Reader`] or [`HolderRole::Writer`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RwState {
+    /// Free, read or write.
+    pub mode: RwMode,
+    /// The writer whose waiting marker stops new readers (writer preference): its owner, with
+    /// the time left on its marker's lease (it renews it while it waits).
+    pub waiting_writer: Option<Holder>,
 }
 
 impl Holder {
@@ -69,6 +200,9 @@ impl Holder {
             owner: owner.into(),
             holds,
             identity: None,
+            role: HolderRole::Lock,
+            token: None,
+            remaining: None,
         }
     }
 
@@ -84,16 +218,26 @@ impl Holder {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct LockInfo {
-    /// The lock name (as given to `Lock::new`, or rendered from the attribute's key).
+    /// The lock name (as given to `Lock::new`, `Semaphore::new`, `RwLock::new`, or rendered
+    /// from the attribute's key).
     pub name: String,
+    /// A lock, a semaphore or a read-write lock.
+    pub kind: LockKind,
+    /// A semaphore's `max` and permits in use (`kind` is [`LockKind::Semaphore`]).
+    pub semaphore: Option<SemaphoreState>,
+    /// A read-write lock's mode and waiting writer (`kind` is [`LockKind::RwLock`]).
+    pub rw: Option<RwState>,
     /// Who holds it (one owner, except for a name in the middle of a hand-over).
     pub holders: Vec<Holder>,
-    /// Time left on the lease; `None` when the engine keeps no per-lock expiry (a session's
+    /// Time left on the lease (a semaphore or read-write lock: the longest lease of its holders
+    /// and waiting writer, when the name is free at the latest); `None` when the engine keeps
+    /// no per-lock expiry (a session's
     /// lease: ZooKeeper, PostgreSQL advisory locks) or the lock never expires. etcd: the time
     /// left on the lease the holder's process keeps alive (whole seconds; it is renewed every
     /// third of it while the process lives).
     pub remaining: Option<Duration>,
-    /// The fencing token of the current hold, when the engine stores it with the lock.
+    /// The fencing token of the current hold, when the engine stores it with the lock (a
+    /// read-write lock: its writer's; a semaphore: none, see each holder's).
     pub token: Option<u64>,
     /// Waiters the engine can see (Redis: processes subscribed to the release channel;
     /// ZooKeeper and etcd: contenders queued behind the holder); `None`: not visible.
@@ -109,6 +253,9 @@ impl LockInfo {
     pub fn new(name: impl Into<String>) -> LockInfo {
         LockInfo {
             name: name.into(),
+            kind: LockKind::Lock,
+            semaphore: None,
+            rw: None,
             holders: Vec::new(),
             remaining: None,
             token: None,
@@ -122,13 +269,18 @@ impl LockInfo {
     pub fn holds(&self) -> u64 {
         self.holders.iter().map(|h| u64::from(h.holds)).sum()
     }
+
+    /// The holder with owner id `owner`.
+    pub fn holder(&self, owner: &str) -> Option<&Holder> {
+        self.holders.iter().find(|h| h.owner == owner)
+    }
 }
 
 /// The held locks whose names start with the prefix asked for.
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct Listing {
-    /// The locks, sorted by name.
+    /// The locks, sorted by name, then kind (lock, semaphore, read-write lock).
     pub locks: Vec<LockInfo>,
     /// Entries in the lock namespace that are not dlock locks (foreign keys, unreadable rows):
     /// counted, never shown or changed.
@@ -138,7 +290,7 @@ pub struct Listing {
 impl Listing {
     /// A listing of `locks` (sorted here) with `skipped` foreign entries.
     pub fn new(mut locks: Vec<LockInfo>, skipped: usize) -> Listing {
-        locks.sort_by(|a, b| a.name.cmp(&b.name));
+        locks.sort_by(|a, b| a.name.cmp(&b.name).then(a.kind.cmp(&b.kind)));
         Listing { locks, skipped }
     }
 }
@@ -364,8 +516,76 @@ pub trait Admin: Send + Sync + fmt::Debug {
     ) -> BoxFuture<'a, Result<ForceReleased, AdminError>>;
 
     /// Acquisitions, releases and expiries of locks whose names start with `prefix`, as they
-    /// happen, until the returned receiver is dropped.
+    /// happen, until the returned receiver is dropped. Plain locks only: semaphores and
+    /// read-write locks are not watched (list or show them).
     fn watch<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Watching, AdminError>>;
+
+    /// The kinds [`Admin::list`] includes and [`Admin::show_kind`] reads on this engine
+    /// (every engine: plain locks; the Redis family: semaphores and read-write locks too).
+    fn kinds(&self) -> &'static [LockKind] {
+        &[LockKind::Lock]
+    }
+
+    /// The name `name` held as `kind`; `None` when it is not held as that. A kind this engine's
+    /// admin cannot read is an [`AdminErrorKind::Unsupported`] error.
+    fn show_kind<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, AdminError>> {
+        match kind {
+            LockKind::Lock => self.show(name),
+            other => {
+                let e = unsupported_kind(self.engine(), other);
+                Box::pin(async move { Err(e) })
+            }
+        }
+    }
+
+    /// Evicts one holder of a semaphore (all its permits) or of a read-write lock (its read or
+    /// write hold, with every re-entry) exactly as that owner's own full release would: the
+    /// same owner-checked server call, which wakes as many waiters as it frees. With
+    /// `expected`, only if that owner's hold is still the one `expected` shows (see
+    /// [`same_holder`]); otherwise [`ForceReleased::Changed`] and nothing is done. The other
+    /// holders keep theirs. The evicted owner's `lost()` fires at its next renewal. An engine
+    /// (or a kind: a plain lock has one owner, use [`Admin::force_release`]) without it is an
+    /// [`AdminErrorKind::Unsupported`] error.
+    fn evict<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+        owner: &'a str,
+        expected: Option<&'a LockInfo>,
+    ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
+        let _ = (name, owner, expected);
+        let e = match kind {
+            LockKind::Lock => AdminError::unsupported(
+                "a plain lock has one owner: force-release the lock (no --owner)",
+            ),
+            other => unsupported_kind(self.engine(), other),
+        };
+        Box::pin(async move { Err(e) })
+    }
+}
+
+/// The error of an engine whose admin cannot read or evict `kind`.
+pub fn unsupported_kind(engine: &str, kind: LockKind) -> AdminError {
+    AdminError::unsupported(format!(
+        "the {engine} admin does not read {kind}s (plain locks only); semaphores and read-write \
+         locks are shown on Redis, Sentinel and Redis Cluster"
+    ))
+}
+
+/// True when `current` is still the hold of one owner that `expected` described: the same role
+/// (lock, as many permits, read or write side) and the same token when both have one, otherwise
+/// the same hold count.
+pub fn same_holder(expected: &Holder, current: &Holder) -> bool {
+    expected.owner == current.owner
+        && expected.role == current.role
+        && match (expected.token, current.token) {
+            (Some(a), Some(b)) => a == b,
+            _ => expected.holds == current.holds,
+        }
 }
 
 /// True when `current` is still the hold `expected` described: the same token when both have
@@ -476,6 +696,8 @@ fn snapshot_of(l: &Listing) -> Snapshot {
     let at = tokio::time::Instant::now();
     l.locks
         .iter()
+        // Semaphores and read-write locks are not watched (their names may be a lock's too).
+        .filter(|i| i.kind == LockKind::Lock)
         .map(|i| {
             (
                 i.name.clone(),

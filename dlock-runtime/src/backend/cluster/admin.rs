@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use crate::admin::{
-    Admin, AdminError, ForceReleased, Listing, LockInfo, RedisAdmin, Watching, bounded, poll_watch,
+    Admin, AdminError, ForceReleased, Listing, LockInfo, LockKind, RedisAdmin, Watching, bounded,
+    poll_watch,
 };
 use crate::backend::BoxFuture;
 use crate::backend::redis::redact_url;
@@ -149,9 +150,11 @@ impl ClusterAdmin {
     /// Fills the holders' identities from their processes' identity keys, each read on the
     /// master of its own slot (best effort, as `RedisAdmin::fill_identities`).
     async fn fill_identities(&self, mut info: LockInfo) -> LockInfo {
-        for h in &mut info.holders {
+        let name = info.name.clone();
+        let waiting = info.rw.as_mut().and_then(|rw| rw.waiting_writer.as_mut());
+        for h in info.holders.iter_mut().chain(waiting) {
             let key = crate::key::holder_key(crate::holder::process_of(&h.owner));
-            if let Ok(m) = self.master_of_key(&info.name, &key).await {
+            if let Ok(m) = self.master_of_key(&name, &key).await {
                 m.fill_identities(std::slice::from_mut(h)).await;
             }
         }
@@ -201,11 +204,13 @@ impl Admin for ClusterAdmin {
             let mut locks = Vec::new();
             let mut skipped = 0;
             for (_, m) in &self.masters {
-                let (names, k) = m.scan(prefix).await?;
-                skipped += k;
-                for n in names {
-                    if let Some(i) = m.read(&n).await? {
-                        locks.push(self.fill_identities(i).await);
+                for kind in LockKind::ALL {
+                    let (names, k) = m.scan_kind(prefix, kind).await?;
+                    skipped += k;
+                    for n in names {
+                        if let Some(i) = m.read_kind(&n, kind).await? {
+                            locks.push(self.fill_identities(i).await);
+                        }
                     }
                 }
             }
@@ -229,6 +234,47 @@ impl Admin for ClusterAdmin {
     ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
         Box::pin(async move {
             match self.owner(name).await?.force(name, expected).await? {
+                ForceReleased::Released { was, woke } => Ok(ForceReleased::Released {
+                    was: Box::new(self.fill_identities(*was).await),
+                    woke,
+                }),
+                other => Ok(other),
+            }
+        })
+    }
+
+    fn kinds(&self) -> &'static [LockKind] {
+        &LockKind::ALL
+    }
+
+    fn show_kind<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, AdminError>> {
+        Box::pin(async move {
+            // A semaphore's and a read-write lock's keys carry the lock's hash tag: one slot.
+            match self.owner(name).await?.read_kind(name, kind).await? {
+                Some(i) => Ok(Some(self.fill_identities(i).await)),
+                None => Ok(None),
+            }
+        })
+    }
+
+    fn evict<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+        owner: &'a str,
+        expected: Option<&'a LockInfo>,
+    ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
+        Box::pin(async move {
+            match self
+                .owner(name)
+                .await?
+                .evict_holder(name, kind, owner, expected)
+                .await?
+            {
                 ForceReleased::Released { was, woke } => Ok(ForceReleased::Released {
                     was: Box::new(self.fill_identities(*was).await),
                     woke,

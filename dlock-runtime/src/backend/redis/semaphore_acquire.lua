@@ -1,7 +1,8 @@
 -- dlock semaphore acquire: take `permits` of a semaphore for an owner, with a lease judged by
 -- the server's clock, minting a fencing token per grant.
 -- KEYS[1] semaphore hash `dlock:sem:{E}`  fields: ':max' -> max, ':used' -> permits held,
---                                          owner -> that owner's permits
+--                                          owner -> that owner's permits, ':t:' .. owner -> the
+--                                          token of that owner's grant (read by `dlock show`)
 -- KEYS[2] leases `dlock:sem:{E}:z`         zset: owner -> lease end (server ms)
 -- KEYS[3] fence `dlock:sem:{E}:fence`      last token handed out for this semaphore
 -- ARGV[1] owner id, ARGV[2] max (canonical digits), ARGV[3] permits (1 to max), ARGV[4] ttl in
@@ -32,7 +33,7 @@ if #gone > 0 then
   local freed = 0
   for _, o in ipairs(gone) do
     freed = freed + (tonumber(redis.call('HGET', KEYS[1], o) or '0') or 0)
-    redis.call('HDEL', KEYS[1], o)
+    redis.call('HDEL', KEYS[1], o, ':t:' .. o)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
   redis.call('HINCRBY', KEYS[1], ':used', -freed)
@@ -68,7 +69,8 @@ if last then
     redis.call('SET', KEYS[3], token, 'PX', ARGV[5])
   end
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ':max', ARGV[2], ':used', string.format('%.0f', used + n))
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3], ':t:' .. ARGV[1], token, ':max', ARGV[2], ':used',
+  string.format('%.0f', used + n))
 redis.call('ZADD', KEYS[2], now + tonumber(ttl), ARGV[1])
 local longest = redis.call('ZRANGE', KEYS[2], -1, -1, 'WITHSCORES')
 local life = string.format('%.0f', tonumber(longest[2]) - now)

@@ -14,14 +14,14 @@ local gone = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now)
 if #gone > 0 then
   for _, o in ipairs(gone) do
     freed = freed + (tonumber(redis.call('HGET', KEYS[1], o) or '0') or 0)
-    redis.call('HDEL', KEYS[1], o)
+    redis.call('HDEL', KEYS[1], o, ':t:' .. o)
   end
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 end
 local mine = redis.call('HGET', KEYS[1], ARGV[1])
 local r = -1
 if mine and redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
-  redis.call('HDEL', KEYS[1], ARGV[1])
+  redis.call('HDEL', KEYS[1], ARGV[1], ':t:' .. ARGV[1])
   freed = freed + (tonumber(mine) or 0)
   r = 0
 end

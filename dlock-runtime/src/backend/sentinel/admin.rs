@@ -2,7 +2,9 @@
 //! (`SENTINEL MASTER`) and the answer with the highest config-epoch wins, as in the backend,
 //! then it is a [`RedisAdmin`] on that master.
 
-use crate::admin::{Admin, AdminError, ForceReleased, Listing, LockInfo, RedisAdmin, Watching};
+use crate::admin::{
+    Admin, AdminError, ForceReleased, Listing, LockInfo, LockKind, RedisAdmin, Watching,
+};
 use crate::backend::BoxFuture;
 use crate::backend::redis::redact_url;
 
@@ -113,5 +115,27 @@ impl Admin for SentinelAdmin {
 
     fn watch<'a>(&'a self, prefix: &'a str) -> BoxFuture<'a, Result<Watching, AdminError>> {
         self.master.watch(prefix)
+    }
+
+    fn kinds(&self) -> &'static [LockKind] {
+        self.master.kinds()
+    }
+
+    fn show_kind<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+    ) -> BoxFuture<'a, Result<Option<LockInfo>, AdminError>> {
+        self.master.show_kind(name, kind)
+    }
+
+    fn evict<'a>(
+        &'a self,
+        name: &'a str,
+        kind: LockKind,
+        owner: &'a str,
+        expected: Option<&'a LockInfo>,
+    ) -> BoxFuture<'a, Result<ForceReleased, AdminError>> {
+        self.master.evict(name, kind, owner, expected)
     }
 }
