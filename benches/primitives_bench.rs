@@ -153,7 +153,7 @@ fn us(d: Duration) -> String {
 // P1: uncontended pairs
 // ---------------------------------------------------------------------------------------------
 
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 enum V {
     RawSetDel,
     RawEval2,

@@ -87,6 +87,14 @@ const WRITES: &str = "writes";
 const PEAK_R: &str = "peak_r";
 const DOWNGRADES: &str = "downgrades";
 
+/// The error of an acquisition that must fail.
+fn refused<G>(r: Result<G, LockError>) -> LockError {
+    match r {
+        Ok(_) => panic!("granted where it must be refused"),
+        Err(e) => e,
+    }
+}
+
 async fn get(con: &mut redis::aio::MultiplexedConnection, key: &str) -> i64 {
     let v: Option<i64> = redis::cmd("GET").arg(key).query_async(con).await.unwrap();
     v.unwrap_or(0)
@@ -364,7 +372,7 @@ async fn a_sigkilled_holders_permits_return_after_its_ttl_not_before() {
         let child_token: u64 = parts.next().unwrap().parse().unwrap();
         // Past the first renewal (ttl/3), so the lease at the kill comes from the watchdog.
         tokio::time::sleep(Duration::from_millis(1300)).await;
-        let e = sem().acquire().await.unwrap_err();
+        let e = refused(sem().acquire().await);
         assert!(matches!(e, LockError::Busy { .. }), "{e:?}");
 
         child.kill();
@@ -378,7 +386,7 @@ async fn a_sigkilled_holders_permits_return_after_its_ttl_not_before() {
             .unwrap();
         let left = lease_end.saturating_sub(server_ms(&mut admin).await);
         assert!(left > 500, "round {round}: only {left} ms of lease at the kill");
-        let e = sem().acquire().await.unwrap_err();
+        let e = refused(sem().acquire().await);
         assert!(
             matches!(e, LockError::Busy { .. }),
             "round {round}: the dead holder's permits came back at once: {e:?}"
@@ -456,7 +464,7 @@ async fn a_sigkilled_reader_blocks_writers_at_most_its_ttl() {
     assert_eq!(parts.next(), Some("acquired"), "{line}");
     let owner = parts.next().unwrap().to_string();
     tokio::time::sleep(Duration::from_millis(1300)).await;
-    let e = lock.write().await.unwrap_err();
+    let e = refused(lock.write().await);
     assert!(matches!(e, LockError::Busy { .. }), "{e:?}");
     // Another reader is not blocked by the live reader.
     lock.read().await.unwrap().release().await.unwrap();
@@ -472,7 +480,7 @@ async fn a_sigkilled_reader_blocks_writers_at_most_its_ttl() {
         .unwrap();
     let left = lease_end.saturating_sub(server_ms(&mut admin).await);
     assert!(left > 500, "only {left} ms of lease at the kill");
-    let e = lock.write().await.unwrap_err();
+    let e = refused(lock.write().await);
     assert!(
         matches!(e, LockError::Busy { .. }),
         "the dead reader's hold ended at once: {e:?}"
@@ -515,7 +523,7 @@ async fn no_writer_starvation_with_8_readers_in_two_processes() {
     let b: Arc<dyn Backend> = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
     let lock = RwLock::new("xstarve").with_backend(b);
     // The readers do hold: a writer without waiting is refused.
-    let e = lock.write().await.unwrap_err();
+    let e = refused(lock.write().await);
     assert!(matches!(e, LockError::Busy { .. }), "{e:?}");
     let asked = Instant::now();
     let g = lock
