@@ -471,7 +471,11 @@ async fn handoff(h: H, a: &Arc<dyn Backend>, b: &Arc<dyn Backend>, i: usize) -> 
         }};
     }
     let rw = |be: &Arc<dyn Backend>| RwLock::new(name.clone()).ttl(TTL).with_backend(be.clone());
-    let sem = |be: &Arc<dyn Backend>| Semaphore::new(name.clone(), 1).ttl(TTL).with_backend(be.clone());
+    let sem = |be: &Arc<dyn Backend>| {
+        Semaphore::new(name.clone(), 1)
+            .ttl(TTL)
+            .with_backend(be.clone())
+    };
     let lock = |be: &Arc<dyn Backend>| Lock::new(name.clone()).ttl(TTL).with_backend(be.clone());
     let settle = Duration::from_millis(30);
     let released;
@@ -525,10 +529,18 @@ async fn handoff(h: H, a: &Arc<dyn Backend>, b: &Arc<dyn Backend>, i: usize) -> 
 fn p3(url: &str) {
     const N: usize = 200;
     let rt = multi_thread();
-    println!("P3 hand-off: holder on one backend, waiter on another; release call → waiter's grant, {N} each (interleaved)");
+    println!(
+        "P3 hand-off: holder on one backend, waiter on another; release call → waiter's grant, {N} each (interleaved)"
+    );
     println!("| hand-off | p50 | p90 | p99 | p50 ÷ lock's |");
     println!("|---|---:|---:|---:|---:|");
-    let all = [H::Lock, H::Permit, H::WriteWrite, H::WriteRead, H::ReadWrite];
+    let all = [
+        H::Lock,
+        H::Permit,
+        H::WriteWrite,
+        H::WriteRead,
+        H::ReadWrite,
+    ];
     let res: Vec<Vec<Duration>> = rt.block_on(async {
         let a = backend(url).await;
         let b = backend(url).await;

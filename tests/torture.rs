@@ -240,7 +240,11 @@ fn torture_semaphore_short_run_with_nemesis() {
     let r = run(&c);
     let rep = &r.report;
     assert_eq!((r.hung, r.crashed, rep.panics), (0, 0, 0));
-    assert!(rep.faults.len() >= 4, "too few faults: {}", rep.faults.len());
+    assert!(
+        rep.faults.len() >= 4,
+        "too few faults: {}",
+        rep.faults.len()
+    );
     assert!(
         rep.acquisitions >= 200,
         "too few acquisitions: {}",
@@ -268,16 +272,28 @@ fn torture_rw_short_run_with_nemesis() {
     let r = run(&c);
     let rep = &r.report;
     assert_eq!((r.hung, r.crashed, rep.panics), (0, 0, 0));
-    assert!(rep.faults.len() >= 4, "too few faults: {}", rep.faults.len());
+    assert!(
+        rep.faults.len() >= 4,
+        "too few faults: {}",
+        rep.faults.len()
+    );
     assert!(rep.writes >= 40, "too few writes: {}", rep.writes);
-    assert!(rep.downgrades >= 10, "too few downgrades: {}", rep.downgrades);
+    assert!(
+        rep.downgrades >= 10,
+        "too few downgrades: {}",
+        rep.downgrades
+    );
     assert!(rep.shared_reads > 0, "readers never shared the lock");
     assert_eq!(rep.prim_violations, 0, "{:?}", rep.prim_examples);
     assert_eq!(rep.lost_updates_fenced, 0, "lost fenced writes");
     assert_eq!(rep.token_order_violations, 0, "token order violations");
     assert_eq!(rep.token_duplicates, 0, "duplicate tokens");
     assert_eq!(rep.writers_starved, 0, "starved writers");
-    assert_eq!(rep.returned, Some(true), "the write side not free after the run");
+    assert_eq!(
+        rep.returned,
+        Some(true),
+        "the write side not free after the run"
+    );
     assert!(rep.orphans.is_empty(), "orphans: {:?}", rep.orphans);
     assert!(rep.verdict_ok());
     cleanup(&c.dir);
@@ -384,11 +400,17 @@ fn checker_judges_permits_and_sides_by_valid_leases() {
     let c = side(hold("c", 3, 30 * MS, 500 * MS, vec![]), "sem");
     let r = with("semaphore", 2, vec![a.clone(), b.clone(), c.clone()]);
     assert_eq!((r.prim_violations, r.max_valid), (1, 3));
-    assert_eq!(with("semaphore", 3, vec![a.clone(), b.clone(), c.clone()]).prim_violations, 0);
+    assert_eq!(
+        with("semaphore", 3, vec![a.clone(), b.clone(), c.clone()]).prim_violations,
+        0
+    );
     // a's own deadline was 25 ms (stopped past it): c at 30 ms is the second valid holder.
     let mut a2 = a.clone();
     a2.deadlines = vec![(10 * MS, 25 * MS)];
-    assert_eq!(with("semaphore", 2, vec![a2, b.clone(), c.clone()]).prim_violations, 0);
+    assert_eq!(
+        with("semaphore", 2, vec![a2, b.clone(), c.clone()]).prim_violations,
+        0
+    );
     let r = with("rw", 0, vec![side(a.clone(), "w"), side(b.clone(), "r")]);
     assert_eq!(r.prim_violations, 1);
     let r = with("rw", 0, vec![side(a.clone(), "r"), side(b.clone(), "r")]);

@@ -542,10 +542,9 @@ pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) ->
                     if v.get("side").and_then(Value::as_str) == Some("w")
                         && v.get("timed_out").and_then(Value::as_bool) == Some(true)
                     {
-                        input.writer_timeouts.push((
-                            u(&v, "t_send").unwrap_or(0),
-                            u(&v, "t").unwrap_or(0),
-                        ));
+                        input
+                            .writer_timeouts
+                            .push((u(&v, "t_send").unwrap_or(0), u(&v, "t").unwrap_or(0)));
                     }
                 }
                 "panic" => input.panics += 1,

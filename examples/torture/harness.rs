@@ -571,6 +571,7 @@ impl Workload {
 /// The semaphore and read-write workers (`--workload semaphore|rw`).
 #[path = "prims.rs"]
 mod prims;
+#[allow(unused_imports)]
 pub(crate) use prims::engine_supported;
 
 /// The test-only broken lock: every acquire is granted at once.

@@ -16,10 +16,12 @@ use std::time::Duration;
 use dlock::{LockError, LockGuard, LostReason, RwLock, Semaphore, SemaphoreGuard};
 use serde_json::json;
 
-use super::{Ctx, Engine, LOCK_NAME, RedisServer, Rng, RunCfg, Workload, body, connect_engine, mono, pause};
+use super::{
+    Ctx, Engine, LOCK_NAME, RedisServer, Rng, RunCfg, Workload, body, connect_engine, mono, pause,
+};
 
 /// What the tasks log about a hold, for both guard types.
-trait Held {
+trait Held: Sync {
     fn token(&self) -> u64;
     fn owner_id(&self) -> String;
     fn left(&self) -> Duration;
@@ -81,9 +83,11 @@ fn open(
     t_ok: u64,
     downgrade: bool,
 ) -> (dlock::CancellationToken, tokio::task::JoinHandle<()>) {
-    ctx.log.line(json!({"ev": "acq", "task": task, "seq": seq, "token": g.token(),
+    ctx.log.line(
+        json!({"ev": "acq", "task": task, "seq": seq, "token": g.token(),
         "owner": g.owner_id(), "side": side, "t_send": t_send, "t_ok": t_ok,
-        "dl": deadline(g), "downgrade": downgrade}));
+        "dl": deadline(g), "downgrade": downgrade}),
+    );
     let done = dlock::CancellationToken::new();
     let lost = g.lost_signal();
     let (d, log) = (done.clone(), ctx.log.clone());
@@ -142,14 +146,14 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
     while mono() < ctx.end {
         let t_send = mono();
         let err = |e: LockError| {
-            ctx.log.line(json!({"ev": "err", "t": mono(), "task": task, "side": side,
+            ctx.log
+                .line(json!({"ev": "err", "t": mono(), "task": task, "side": side,
                 "t_send": t_send, "timed_out": matches!(e, LockError::TimedOut { .. }),
                 "what": e.to_string()}));
             e
         };
-        let backoff = |e: &LockError| {
-            !matches!(e, LockError::TimedOut { .. } | LockError::Busy { .. })
-        };
+        let backoff =
+            |e: &LockError| !matches!(e, LockError::TimedOut { .. } | LockError::Busy { .. });
         match (ctx.workload, writer) {
             (Workload::Semaphore, _) => {
                 let g: SemaphoreGuard = match sem.acquire().await.map_err(err) {
