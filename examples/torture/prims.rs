@@ -79,8 +79,7 @@ fn open(
     task: u64,
     seq: u64,
     side: &str,
-    t_send: u64,
-    t_ok: u64,
+    (t_send, t_ok): (u64, u64),
     downgrade: bool,
 ) -> (dlock::CancellationToken, tokio::task::JoinHandle<()>) {
     ctx.log.line(
@@ -166,7 +165,7 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
                     }
                 };
                 seq += 1;
-                let (done, watcher) = open(&ctx, &g, task, seq, side, t_send, mono(), false);
+                let (done, watcher) = open(&ctx, &g, task, seq, side, (t_send, mono()), false);
                 shared_body(&ctx, &g, task, seq, &mut rng).await;
                 let (t_rel, dl) = (mono(), deadline(&g));
                 done.cancel();
@@ -185,7 +184,7 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
                     }
                 };
                 seq += 1;
-                let (done, watcher) = open(&ctx, &*g, task, seq, side, t_send, mono(), false);
+                let (done, watcher) = open(&ctx, &*g, task, seq, side, (t_send, mono()), false);
                 let mut res = ctx.res.clone();
                 body(&ctx, &g, &mut res, task, seq, &mut rng).await;
                 let (t_rel, dl) = (mono(), deadline(&*g));
@@ -199,7 +198,7 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
                             ctx.log.line(json!({"ev": "rel", "task": task, "seq": seq, "t_send": t_rel, "t_done": t_done, "rel": "downgraded", "dl": dl}));
                             seq += 1;
                             let (done, watcher) =
-                                open(&ctx, &*r, task, seq, "r", t_rel, t_done, true);
+                                open(&ctx, &*r, task, seq, "r", (t_rel, t_done), true);
                             shared_body(&ctx, &*r, task, seq, &mut rng).await;
                             let (t_rel, dl) = (mono(), deadline(&*r));
                             done.cancel();
@@ -229,7 +228,7 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
                     }
                 };
                 seq += 1;
-                let (done, watcher) = open(&ctx, &*g, task, seq, side, t_send, mono(), false);
+                let (done, watcher) = open(&ctx, &*g, task, seq, side, (t_send, mono()), false);
                 shared_body(&ctx, &*g, task, seq, &mut rng).await;
                 let (t_rel, dl) = (mono(), deadline(&*g));
                 done.cancel();
