@@ -239,6 +239,9 @@ pub(crate) struct Report {
     pub(crate) writer_wait_max_ns: u64,
     pub(crate) writer_timeouts: usize,
     pub(crate) writers_starved: usize,
+    /// Read-write: read acquisitions whose wait ran out (reported, not judged: writer
+    /// preference bounds writers' waits, not readers').
+    pub(crate) reader_timeouts: usize,
     /// After the run: all permits (the write side) free within ttl + 2 s; `None`: not checked.
     pub(crate) returned: Option<bool>,
 }
@@ -394,13 +397,14 @@ impl fmt::Display for Report {
             if self.workload == "rw" {
                 writeln!(
                     f,
-                    "read-write            {} writes, {} downgrades, {} reads granted beside another reader; longest writer wait {:.2} s, {} writer timeouts, {} starved (no fault near)",
+                    "read-write            {} writes, {} downgrades, {} reads granted beside another reader; longest writer wait {:.2} s, {} writer timeouts, {} starved (no fault near); {} reader timeouts (not judged)",
                     self.writes,
                     self.downgrades,
                     self.shared_reads,
                     self.writer_wait_max_ns as f64 / 1e9,
                     self.writer_timeouts,
-                    self.writers_starved
+                    self.writers_starved,
+                    self.reader_timeouts
                 )?;
             }
             writeln!(
@@ -447,6 +451,8 @@ pub(crate) struct Input {
     pub(crate) returned: Option<bool>,
     /// Writers whose wait ran out: `(t_send, t_err)`.
     pub(crate) writer_timeouts: Vec<(u64, u64)>,
+    /// Read acquisitions whose wait ran out.
+    pub(crate) reader_timeouts: usize,
 }
 
 /// Reads a run directory: `w*.jsonl` (workers), `faults.jsonl`, `resource.json`.
@@ -539,9 +545,11 @@ pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) ->
                 "hello" => pid = u(&v, "pid").unwrap_or(0) as u32,
                 "err" => {
                     input.acquire_errors += 1;
-                    if v.get("side").and_then(Value::as_str) == Some("w")
-                        && v.get("timed_out").and_then(Value::as_bool) == Some(true)
-                    {
+                    let timed_out = v.get("timed_out").and_then(Value::as_bool) == Some(true);
+                    if v.get("side").and_then(Value::as_str) == Some("r") && timed_out {
+                        input.reader_timeouts += 1;
+                    }
+                    if v.get("side").and_then(Value::as_str) == Some("w") && timed_out {
                         input
                             .writer_timeouts
                             .push((u(&v, "t_send").unwrap_or(0), u(&v, "t").unwrap_or(0)));
@@ -702,6 +710,7 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
         r.workload = input.workload.clone();
         r.sem_max = input.sem_max;
         r.returned = input.returned;
+        r.reader_timeouts = input.reader_timeouts;
         analyse_primitive(
             holds,
             &input.faults,
