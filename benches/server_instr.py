@@ -16,7 +16,9 @@ Variants: dlock (the working tree's acquire.lua + release.lua, outermost release
 `+queue`: the release names the waiters' queue key, as the client sends it since issue 19's
 queue, for scripts that have one),
 the minimal re-entrant pair of benches/server_cpu.py (hash + PEXPIRE, then DEL + PUBLISH, no
-fencing), and rslock (SET NX PX + its unlock script). Two rounds; the second is printed.
+fencing), rslock (SET NX PX + its unlock script), dlock's semaphore permit pair and read-write
+read and write pairs (issue 21), and two reference shapes (bench-written scripts with the command
+sequence of Redisson's expirable semaphore and first read lock). Two rounds; the second is printed.
 """
 import glob, os, socket, subprocess, sys, tempfile, time
 
@@ -72,6 +74,58 @@ def main():
                          + resp('EVALSHA', mrel, 1, 'min:{k}', owner, 30000, 'min:{k}:rel')))
         variants.append(('rslock', resp('SET', 'rsl:k', owner, 'NX', 'PX', 30000)
                          + resp('EVALSHA', rrel, 1, 'rsl:k', owner)))
+        # Issue 21: the semaphore's permit pair (max 4, one permit) and the read-write lock's
+        # read and write pairs, as the client sends them (one script per call).
+        sem_dir = os.path.join(ROOT, 'dlock-runtime/src/backend/redis')
+        sacq = load(open(os.path.join(sem_dir, 'semaphore_acquire.lua')).read())
+        srel = load(open(os.path.join(sem_dir, 'semaphore_release.lua')).read())
+        variants.append(('dlock semaphore permit', resp('EVALSHA', sacq, 3, 'dlock:sem:{s}', 'dlock:sem:{s}:z',
+                                                       'dlock:sem:{s}:fence', owner, 4, 1, 30000, 90000)
+                         + resp('EVALSHA', srel, 2, 'dlock:sem:{s}', 'dlock:sem:{s}:z', owner,
+                                'dlock:sem:{s}:rel')))
+        rw = load(script(None, 'rw.lua'))
+        rwk = ('dlock:{r}:rw', 'dlock:{r}:rw:r', 'dlock:{r}:rw:fence')
+        rwc = ('dlock:{r}:rw:rd', 'dlock:{r}:rw:wr')
+        for side, acq, rel in (('read', 'ar', 'rr'), ('write', 'aw', 'rw')):
+            variants.append((f'dlock rw {side}', resp('EVALSHA', rw, 3, *rwk, acq, owner, 30000, 90000, *rwc)
+                             + resp('EVALSHA', rw, 3, *rwk, rel, owner, 0, 90000, *rwc)))
+        # Reference shapes: scripts written for this bench that run the same sequence of server
+        # commands as Redisson's RPermitExpirableSemaphore (tryAcquire: ZRANGEBYSCORE of expired
+        # permits, GET, DECRBY, ZADD, PTTL; release: ZSCORE, ZREM, INCRBY, PUBLISH) and its
+        # RReadWriteLock's first reader (HGET mode, HSET mode, HSET holder, SET + PEXPIRE of the
+        # per-hold timeout key, PEXPIRE; unlock: HGET mode, HEXISTS, HINCRBY, HDEL, DEL timeout key,
+        # HLEN, DEL, PUBLISH), uncontended. Not Redisson's code (no fencing, client clock).
+        pacq = load("""local e = redis.call('ZRANGEBYSCORE', KEYS[2], 0, ARGV[3], 'LIMIT', 0, 1)
+local v = redis.call('GET', KEYS[1])
+if v ~= false and tonumber(v) >= 1 then
+  redis.call('DECRBY', KEYS[1], 1); redis.call('ZADD', KEYS[2], ARGV[2], ARGV[1])
+  redis.call('PTTL', KEYS[1]); return 'OK'
+end
+return nil""")
+        prel = load("""local x = redis.call('ZSCORE', KEYS[2], ARGV[1])
+if redis.call('ZREM', KEYS[2], ARGV[1]) ~= 1 then return 0 end
+local v = redis.call('INCRBY', KEYS[1], 1); redis.call('PUBLISH', KEYS[3], v); return 1""")
+        q('SET', 'rs:{s}', '1000000000')
+        variants.append(('shape: expirable-semaphore', resp('EVALSHA', pacq, 2, 'rs:{s}', 'rs:{s}:timeout', owner,
+                                                           '9999999999999', '1700000000000')
+                         + resp('EVALSHA', prel, 3, 'rs:{s}', 'rs:{s}:timeout', 'rs:{s}:ch', owner)))
+        racq = load("""local m = redis.call('HGET', KEYS[1], 'mode')
+if m == false then
+  redis.call('HSET', KEYS[1], 'mode', 'read'); redis.call('HSET', KEYS[1], ARGV[2], 1)
+  redis.call('SET', KEYS[2] .. ':1', 1); redis.call('PEXPIRE', KEYS[2] .. ':1', ARGV[1])
+  redis.call('PEXPIRE', KEYS[1], ARGV[1]); return nil
+end
+return redis.call('PTTL', KEYS[1])""")
+        rrel = load("""local m = redis.call('HGET', KEYS[1], 'mode')
+if m == false then redis.call('PUBLISH', KEYS[2], 0); return 1 end
+if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 0 then return nil end
+local c = redis.call('HINCRBY', KEYS[1], ARGV[2], -1)
+if c == 0 then redis.call('HDEL', KEYS[1], ARGV[2]) end
+redis.call('DEL', KEYS[3] .. ':' .. (c + 1))
+if redis.call('HLEN', KEYS[1]) > 1 then return 0 end
+redis.call('DEL', KEYS[1]); redis.call('PUBLISH', KEYS[2], 0); return 1""")
+        variants.append(('shape: rw first reader', resp('EVALSHA', racq, 2, 'rr:{r}', 'rr:{r}:t', 30000, owner)
+                         + resp('EVALSHA', rrel, 3, 'rr:{r}', 'rr:{r}:ch', 'rr:{r}:t', 30000, owner)))
         print(f'pairs per variant: {N}; server instructions per pair (callgrind, includes network I/O)')
         for rnd in range(2):
             for label, one in variants:

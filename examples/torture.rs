@@ -18,7 +18,20 @@
 //! cargo run --release --features mysql --example torture -- --engine mysql --secs 60
 //! cargo run --release --features cluster --example torture -- --engine cluster --secs 60
 //! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
+//! cargo run --release --example torture -- --workload semaphore --sem-max 3 --secs 120
+//! cargo run --release --example torture -- --workload rw --secs 120
 //! ```
+//!
+//! Workloads (`--workload`, issue 21): `lock` (default), `semaphore` (every task takes one
+//! permit of a `--sem-max`-permit semaphore, default 3) and `rw` (a quarter of the tasks write,
+//! running the lock's fenced and unfenced body, and half of their holds downgrade; the rest read),
+//! on the engines with those primitives (`redis`, `sentinel`, `cluster`), nemesis as for the lock.
+//! Their checker judges every grant against the holds whose lease was still valid by their own
+//! deadlines at its confirmation: more than `max` permits, or a write beside any other hold, or a
+//! read beside a write, is a violation (outside state-loss windows); tokens strictly increase in
+//! grant order (one sequence per semaphore, one per read-write lock); after the workers exit,
+//! all `max` permits (the write side) must be free within ttl + 2 s; a writer whose wait ran out
+//! with no fault window overlapping its wait is a starved writer.
 //!
 //! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
 //! restart, pause, sleep, proxy delay, blackhole, and hold: a partition whose held bytes are
@@ -103,6 +116,11 @@ fn main() {
                     cfg.body_us = 30_000;
                 }
             }
+            "--workload" => {
+                cfg.workload =
+                    harness::Workload::parse(&val()).unwrap_or_else(|| usage("--workload"))
+            }
+            "--sem-max" => cfg.sem_max = num(&val()) as u32,
             "--engine" => {
                 cfg.engine = harness::Engine::parse(&val()).unwrap_or_else(|| usage("--engine"))
             }
@@ -131,6 +149,11 @@ fn main() {
             other => usage(&format!("unknown argument {other}")),
         }
     }
+    if cfg.workload != harness::Workload::Lock
+        && (cfg.zookeeper || !harness::engine_supported(cfg.engine))
+    {
+        usage("--workload semaphore|rw runs on --engine redis, sentinel or cluster");
+    }
     let report = match check_only {
         Some(dir) => {
             let mut input = checker::load(&dir).unwrap_or_else(|e| {
@@ -153,9 +176,10 @@ fn main() {
                 std::process::exit(2)
             });
             println!(
-                "run: {} × {} tasks, mode {}, engine {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
+                "run: {} × {} tasks, workload {}, mode {}, engine {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
                 cfg.workers,
                 cfg.tasks,
+                cfg.workload.as_str(),
                 cfg.mode.as_str(),
                 if cfg.zookeeper {
                     "zookeeper"
@@ -187,6 +211,9 @@ fn main() {
             o.newer_token,
             o.overlap_ns as f64 / 1e6
         );
+    }
+    for v in report.prim_examples.iter().take(10) {
+        println!("  {v}");
     }
     for o in report.orphans.iter().take(10) {
         println!(
@@ -229,7 +256,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workload lock|semaphore|rw] [--sem-max N] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
          [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--min-replicas N] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)

@@ -64,6 +64,10 @@ pub(crate) struct Hold {
     /// The grant was logged without a deadline: its guard had no lease left when its caller
     /// looked (see `deadline_of` in harness.rs).
     pub(crate) no_lease_at_ok: bool,
+    /// The semaphore and read-write workloads: `sem` (a permit), `r` or `w`; empty for a lock.
+    pub(crate) side: String,
+    /// A read hold that a downgrade of this task's write hold turned into.
+    pub(crate) downgrade: bool,
 }
 
 impl Hold {
@@ -212,6 +216,34 @@ pub(crate) struct Report {
     pub(crate) releases_err: usize,
     pub(crate) first_ok: u64,
     pub(crate) last_ok: u64,
+    /// `lock`, `semaphore` or `rw` (empty: old logs, a lock).
+    pub(crate) workload: String,
+    pub(crate) sem_max: u64,
+    /// Semaphore: grants confirmed while `max` other holds were valid by their own deadlines.
+    /// Read-write: a write grant beside any valid hold, or a read grant beside a valid write.
+    /// Outside and inside state-loss windows.
+    pub(crate) prim_violations: usize,
+    pub(crate) prim_violations_in_state_loss: usize,
+    /// The first violations, described.
+    pub(crate) prim_examples: Vec<String>,
+    /// The most holds valid at once at a grant (the grant included), and the most believed held
+    /// at once (by `end()`, lease or not: a stopped holder counts until it resumes).
+    pub(crate) max_valid: usize,
+    pub(crate) max_believed: usize,
+    /// Read-write: read grants that shared the lock with another valid read hold; downgrades.
+    pub(crate) shared_reads: usize,
+    pub(crate) downgrades: usize,
+    /// Read-write: write grants, the longest a granted writer waited, writers whose wait ran
+    /// out, and those of them whose wait overlapped no fault window (+ ttl + 2 s): starved.
+    pub(crate) writes: usize,
+    pub(crate) writer_wait_max_ns: u64,
+    pub(crate) writer_timeouts: usize,
+    pub(crate) writers_starved: usize,
+    /// Read-write: read acquisitions whose wait ran out (reported, not judged: writer
+    /// preference bounds writers' waits, not readers').
+    pub(crate) reader_timeouts: usize,
+    /// After the run: all permits (the write side) free within ttl + 2 s; `None`: not checked.
+    pub(crate) returned: Option<bool>,
 }
 
 impl Report {
@@ -236,7 +268,10 @@ impl Report {
     /// True when the safety checks pass ([`Report::fenced_safety_ok`]) and no name was orphaned:
     /// the run's verdict.
     pub(crate) fn verdict_ok(&self) -> bool {
-        self.fenced_safety_ok() && self.orphans.is_empty()
+        self.fenced_safety_ok()
+            && self.orphans.is_empty()
+            && self.returned != Some(false)
+            && self.writers_starved == 0
     }
 
     pub(crate) fn faults_of(&self, kind: &str) -> usize {
@@ -252,6 +287,7 @@ impl Report {
             && self.token_order_violations == 0
             && self.token_duplicates == 0
             && self.lease_violations == 0
+            && self.prim_violations == 0
             && self.panics == 0
     }
 }
@@ -339,6 +375,48 @@ impl fmt::Display for Report {
             self.orphan_bound_ns as f64 / 1e9,
             self.longest_unheld_ns as f64 / 1e9
         )?;
+        if self.workload == "semaphore" || self.workload == "rw" {
+            writeln!(
+                f,
+                "workload              {}{}",
+                self.workload,
+                if self.workload == "semaphore" {
+                    format!(" (max {})", self.sem_max)
+                } else {
+                    String::new()
+                }
+            )?;
+            writeln!(
+                f,
+                "limit violations      {} outside state-loss windows, {} inside (allowed); most valid at a grant {}, most believed held {}",
+                self.prim_violations,
+                self.prim_violations_in_state_loss,
+                self.max_valid,
+                self.max_believed
+            )?;
+            if self.workload == "rw" {
+                writeln!(
+                    f,
+                    "read-write            {} writes, {} downgrades, {} reads granted beside another reader; longest writer wait {:.2} s, {} writer timeouts, {} starved (no fault near); {} reader timeouts (not judged)",
+                    self.writes,
+                    self.downgrades,
+                    self.shared_reads,
+                    self.writer_wait_max_ns as f64 / 1e9,
+                    self.writer_timeouts,
+                    self.writers_starved,
+                    self.reader_timeouts
+                )?;
+            }
+            writeln!(
+                f,
+                "returned after run    {}",
+                match self.returned {
+                    Some(true) => "all",
+                    Some(false) => "NO",
+                    None => "not checked",
+                }
+            )?;
+        }
         write!(f, "panics                {}", self.panics)
     }
 }
@@ -364,6 +442,17 @@ pub(crate) struct Input {
     /// The engine's stated give-back bound, ns (0: the default, ttl + 2 s); the orphan check
     /// uses the larger of it and ttl + 2 s.
     pub(crate) give_back_ns: u64,
+    /// `lock`, `semaphore`, `rw` (from `resource.json`; empty: a lock).
+    pub(crate) workload: String,
+    pub(crate) sem_max: u64,
+    /// The workers' `wait`, ns.
+    pub(crate) wait_ns: u64,
+    /// Everything free after the run (see [`Report::returned`]).
+    pub(crate) returned: Option<bool>,
+    /// Writers whose wait ran out: `(t_send, t_err)`.
+    pub(crate) writer_timeouts: Vec<(u64, u64)>,
+    /// Read acquisitions whose wait ran out.
+    pub(crate) reader_timeouts: usize,
 }
 
 /// Reads a run directory: `w*.jsonl` (workers), `faults.jsonl`, `resource.json`.
@@ -392,6 +481,14 @@ pub(crate) fn load(dir: &Path) -> std::io::Result<Input> {
             input.run_end = u(&v, "t_end").unwrap_or(0);
             input.t_stop = u(&v, "t_stop").unwrap_or(0);
             input.give_back_ns = u(&v, "give_back_ns").unwrap_or(0);
+            input.workload = v
+                .get("workload")
+                .and_then(Value::as_str)
+                .unwrap_or("lock")
+                .to_string();
+            input.sem_max = u(&v, "sem_max").unwrap_or(0);
+            input.wait_ns = u(&v, "wait_ns").unwrap_or(0);
+            input.returned = v.get("returned").and_then(Value::as_bool);
         } else if name.starts_with('w') && name.ends_with(".jsonl") {
             worker_logs.push((name.trim_end_matches(".jsonl").to_string(), text));
         }
@@ -446,7 +543,18 @@ pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) ->
             let ev = v.get("ev").and_then(Value::as_str).unwrap_or("");
             match ev {
                 "hello" => pid = u(&v, "pid").unwrap_or(0) as u32,
-                "err" => input.acquire_errors += 1,
+                "err" => {
+                    input.acquire_errors += 1;
+                    let timed_out = v.get("timed_out").and_then(Value::as_bool) == Some(true);
+                    if v.get("side").and_then(Value::as_str) == Some("r") && timed_out {
+                        input.reader_timeouts += 1;
+                    }
+                    if v.get("side").and_then(Value::as_str) == Some("w") && timed_out {
+                        input
+                            .writer_timeouts
+                            .push((u(&v, "t_send").unwrap_or(0), u(&v, "t").unwrap_or(0)));
+                    }
+                }
                 "panic" => input.panics += 1,
                 _ => {}
             }
@@ -472,6 +580,12 @@ pub(crate) fn parse_worker_logs(logs: &[(String, String)], input: &mut Input) ->
                     h.t_send = u(&v, "t_send").unwrap_or(0);
                     h.t_ok = u(&v, "t_ok").unwrap_or(0);
                     h.no_lease_at_ok = v.get("dl").is_some_and(Value::is_null);
+                    h.side = v
+                        .get("side")
+                        .and_then(Value::as_str)
+                        .unwrap_or("")
+                        .to_string();
+                    h.downgrade = v.get("downgrade").and_then(Value::as_bool) == Some(true);
                 }
                 "op" | "sent" => {
                     let op = Op {
@@ -554,7 +668,7 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
         .count();
     for h in holds.iter() {
         match h.rel.as_deref() {
-            Some("ok") => r.releases_ok += 1,
+            Some("ok" | "downgraded") => r.releases_ok += 1,
             Some("not_owner") => r.releases_not_owner += 1,
             Some(_) => r.releases_err += 1,
             None => {}
@@ -591,8 +705,25 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
         }
     }
 
+    let primitive = input.workload == "semaphore" || input.workload == "rw";
+    if primitive {
+        r.workload = input.workload.clone();
+        r.sem_max = input.sem_max;
+        r.returned = input.returned;
+        r.reader_timeouts = input.reader_timeouts;
+        analyse_primitive(
+            holds,
+            &input.faults,
+            &input.writer_timeouts,
+            &mut r,
+            run_end,
+            ttl_ns,
+            &in_loss,
+        );
+    }
     // Overlaps and the lease invariant: for each hold A, every later grant B before A's end.
-    for (i, a) in holds.iter().enumerate() {
+    // (A lock's: the semaphore and read-write workloads have their own, above.)
+    for (i, a) in holds.iter().enumerate().filter(|_| !primitive) {
         let a_end = a.end(run_end);
         for b in holds[i + 1..].iter() {
             if b.t_ok >= a_end {
@@ -768,4 +899,106 @@ pub(crate) fn find_orphans(
 /// Loads and analyses a run directory.
 pub(crate) fn check_dir(dir: &Path, ttl_ns: u64) -> std::io::Result<Report> {
     Ok(analyse(load(dir)?, ttl_ns))
+}
+
+/// The semaphore and read-write checks. Walks the grants in confirmation order keeping the holds
+/// still believed held; at each grant `b` (not stale on arrival), the holds valid at `b.t_ok` are
+/// those whose own last known deadline lies after it (as the lock's lease invariant): both
+/// they and `b` were live on the server at that instant. A semaphore grant beside `max` of them,
+/// a write grant beside any of them, a read grant beside a valid write, is a violation (counted
+/// apart inside state-loss windows). Writer starvation: a writer's wait that ran out while no
+/// fault window (extended by ttl + 2 s) overlapped it.
+pub(crate) fn analyse_primitive(
+    holds: &[Hold],
+    faults: &[Fault],
+    writer_timeouts: &[(u64, u64)],
+    r: &mut Report,
+    run_end: u64,
+    ttl_ns: u64,
+    in_loss: &dyn Fn(u64) -> bool,
+) {
+    let sem = r.workload == "semaphore";
+    let valid_at = |a: &Hold, t: u64| {
+        !a.stale_on_arrival()
+            && a.deadlines
+                .iter()
+                .filter(|(s, _)| *s <= t)
+                .map(|&(_, d)| d)
+                .max()
+                .is_some_and(|d| t < d)
+    };
+    let mut active: Vec<&Hold> = Vec::new();
+    for b in holds {
+        active.retain(|a| a.end(run_end) > b.t_ok);
+        if b.side == "w" {
+            r.writes += 1;
+            r.writer_wait_max_ns = r.writer_wait_max_ns.max(b.t_ok.saturating_sub(b.t_send));
+        }
+        if b.downgrade {
+            r.downgrades += 1;
+        }
+        if !b.stale_on_arrival() {
+            let valid: Vec<&Hold> = active
+                .iter()
+                .copied()
+                .filter(|a| valid_at(a, b.t_ok))
+                .collect();
+            r.max_valid = r.max_valid.max(valid.len() + 1);
+            if b.side == "r" && valid.iter().any(|a| a.side == "r") {
+                r.shared_reads += 1;
+            }
+            let bad: Option<String> = if sem {
+                (valid.len() as u64 >= r.sem_max).then(|| {
+                    format!(
+                        "{} (token {}) granted while {} permits of max {} were valid: {:?}",
+                        b.id,
+                        b.token,
+                        valid.len(),
+                        r.sem_max,
+                        valid.iter().map(|a| a.id.as_str()).collect::<Vec<_>>()
+                    )
+                })
+            } else {
+                let clash: Vec<&Hold> = valid
+                    .iter()
+                    .copied()
+                    .filter(|a| b.side == "w" || a.side == "w")
+                    .collect();
+                (!clash.is_empty()).then(|| {
+                    format!(
+                        "{} ({}, token {}) granted beside valid {:?}",
+                        b.id,
+                        b.side,
+                        b.token,
+                        clash
+                            .iter()
+                            .map(|a| format!("{} ({})", a.id, a.side))
+                            .collect::<Vec<_>>()
+                    )
+                })
+            };
+            if let Some(what) = bad {
+                if in_loss(b.t_ok) {
+                    r.prim_violations_in_state_loss += 1;
+                } else {
+                    r.prim_violations += 1;
+                    if r.prim_examples.len() < 20 {
+                        r.prim_examples.push(format!("violation: {what}"));
+                    }
+                }
+            }
+        }
+        active.push(b);
+        r.max_believed = r.max_believed.max(active.len());
+    }
+    let grace = ttl_ns + GIVE_BACK_SLACK_NS;
+    r.writer_timeouts = writer_timeouts.len();
+    r.writers_starved = writer_timeouts
+        .iter()
+        .filter(|&&(from, to)| {
+            !faults
+                .iter()
+                .any(|f| f.t_start < to && f.t_end + grace > from)
+        })
+        .count();
 }

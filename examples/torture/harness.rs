@@ -541,6 +541,39 @@ impl Mode {
     }
 }
 
+/// What the workers take (`--workload`): the lock, a semaphore of `--sem-max` permits (one per
+/// hold), or the read-write lock (a quarter of the tasks write, half of their holds downgrade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    Lock,
+    Semaphore,
+    Rw,
+}
+
+impl Workload {
+    pub(crate) fn parse(s: &str) -> Option<Workload> {
+        match s {
+            "lock" => Some(Workload::Lock),
+            "semaphore" => Some(Workload::Semaphore),
+            "rw" => Some(Workload::Rw),
+            _ => None,
+        }
+    }
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Workload::Lock => "lock",
+            Workload::Semaphore => "semaphore",
+            Workload::Rw => "rw",
+        }
+    }
+}
+
+/// The semaphore and read-write workers (`--workload semaphore|rw`).
+#[path = "prims.rs"]
+mod prims;
+#[allow(unused_imports)]
+pub(crate) use prims::engine_supported;
+
 /// The test-only broken lock: every acquire is granted at once.
 #[derive(Debug, Default)]
 struct NoExclude {
@@ -610,6 +643,11 @@ fn env_u64(k: &str, default: u64) -> u64 {
 
 struct Ctx {
     lock: Lock,
+    workload: Workload,
+    sem_max: u32,
+    backend: Arc<dyn Backend>,
+    ttl: Duration,
+    wait: Duration,
     log: Arc<Log>,
     res: redis::aio::MultiplexedConnection,
     end: u64,
@@ -700,13 +738,20 @@ async fn worker(log: Arc<Log>) -> i32 {
         .get_multiplexed_async_connection()
         .await
         .expect("connect to the resource server");
-    log.line(json!({"ev": "hello", "pid": std::process::id(), "prefix": prefix, "t": mono(), "mode": mode.as_str()}));
+    let workload = Workload::parse(&std::env::var("TORTURE_WORKLOAD").unwrap_or_default())
+        .unwrap_or(Workload::Lock);
+    log.line(json!({"ev": "hello", "pid": std::process::id(), "prefix": prefix, "t": mono(), "mode": mode.as_str(), "workload": workload.as_str()}));
     let ctx = Arc::new(Ctx {
         lock: Lock::new(LOCK_NAME)
             .ttl(ttl)
             .wait(wait)
             .watchdog(mode != Mode::NoRenew)
-            .with_backend(backend),
+            .with_backend(backend.clone()),
+        workload,
+        sem_max: env_u64("TORTURE_SEM_MAX", 3) as u32,
+        backend,
+        ttl,
+        wait,
         log,
         res,
         end: env_u64("TORTURE_END_NS", mono() + 10_000_000_000),
@@ -801,6 +846,9 @@ fn deadline_of(g: &LockGuard) -> Option<u64> {
 }
 
 async fn task_loop(ctx: Arc<Ctx>, task: u64) {
+    if ctx.workload != Workload::Lock {
+        return prims::task_loop(ctx, task).await;
+    }
     let mut rng = Rng::new(ctx.seed ^ (task + 1).wrapping_mul(0x1234_5678_9ABC));
     let mut seq = 0u64;
     while mono() < ctx.end {
@@ -973,6 +1021,10 @@ pub(crate) struct RunCfg {
     pub(crate) body_us: u64,
     pub(crate) mode: Mode,
     pub(crate) engine: Engine,
+    /// What the workers take (`--workload`).
+    pub(crate) workload: Workload,
+    /// The semaphore workload's `max` (`--sem-max`).
+    pub(crate) sem_max: u32,
     pub(crate) dir: PathBuf,
     pub(crate) seed: u64,
     pub(crate) verbose: bool,
@@ -1015,6 +1067,8 @@ impl RunCfg {
             body_us: 500,
             mode: Mode::Dlock,
             engine: Engine::Redis,
+            workload: Workload::Lock,
+            sem_max: 3,
             dir,
             seed: mono(),
             verbose: false,
@@ -1087,6 +1141,8 @@ impl Coordinator<'_> {
             .env("TORTURE_BODY_US", self.cfg.body_us.to_string())
             .env("TORTURE_MIN_REPLICAS", self.cfg.min_replicas.to_string())
             .env("TORTURE_MODE", self.cfg.mode.as_str())
+            .env("TORTURE_WORKLOAD", self.cfg.workload.as_str())
+            .env("TORTURE_SEM_MAX", self.cfg.sem_max.to_string())
             .env("TORTURE_ENGINE", self.cfg.engine.as_str())
             .env("TORTURE_END_NS", self.end.to_string())
             .env("TORTURE_LOCK_URL", &self.lock_url)
@@ -1209,10 +1265,10 @@ impl Coordinator<'_> {
         }
         for _ in 0..40 {
             for node in &self.nodes {
-                let Ok(r) = node.cmd(&["HKEYS", LOCK_HASH]) else {
+                let Some(owners) = prims::holder_owners(self.cfg.workload, node) else {
                     continue;
                 };
-                for owner in r.strings() {
+                for owner in owners {
                     let prefix = owner.split(':').next().unwrap_or("");
                     if let Some(i) = self.slots.iter().position(|s| s.prefix == prefix) {
                         return (i, true);
@@ -2135,11 +2191,15 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
             .and_then(|r| r.as_i64())
             .unwrap_or(0)
     };
+    // Semaphore and read-write workloads: everything came back (all permits at once, the
+    // write side) within ttl + 2 s of the workers' exit.
+    let returned = prims::all_returned(cfg, &co.lock_url);
     // `t_stop` (workers stop asking) and the give-back bound let the checker judge orphans,
     // also when it re-checks these logs later.
     let resource = json!({"f_counter": get(F_COUNTER), "f_applied": len(F_LOG),
         "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono(), "t_stop": end,
-        "give_back_ns": cfg.give_back_ms * 1_000_000});
+        "give_back_ns": cfg.give_back_ms * 1_000_000, "workload": cfg.workload.as_str(),
+        "sem_max": cfg.sem_max, "wait_ns": cfg.wait_ms * 1_000_000, "returned": returned});
     std::fs::write(cfg.dir.join("resource.json"), resource.to_string())?;
     let crashed = co.crashed;
     drop(co);
