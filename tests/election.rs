@@ -35,6 +35,11 @@ fn has_records(env: &Env) -> bool {
         Kind::Memory | Kind::Redis | Kind::Redlock => true,
         #[cfg(feature = "cluster")]
         Kind::Cluster => true,
+        // Their records tables (`<table>_records`), both PostgreSQL modes.
+        #[cfg(feature = "postgres")]
+        Kind::Postgres | Kind::PgAdvisory => true,
+        #[cfg(feature = "mysql")]
+        Kind::Mysql => true,
         _ => false,
     }
 }

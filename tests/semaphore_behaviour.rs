@@ -41,6 +41,26 @@ macro_rules! semaphore_backends {
                 }
             )*
         }
+        // A lock table of its own per test (`Env::postgres`), in the machine's PostgreSQL.
+        #[cfg(feature = "postgres")]
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::postgres().await).await
+                }
+            )*
+        }
+        // The advisory mode keeps semaphores and read-write locks in the same tables.
+        #[cfg(feature = "postgres")]
+        mod on_postgres_advisory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::pg_advisory().await).await
+                }
+            )*
+        }
         #[cfg(feature = "cluster")]
         mod on_cluster {
             $(
