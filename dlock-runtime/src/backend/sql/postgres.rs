@@ -2267,15 +2267,16 @@ async fn listen_loop(
         let own: Arc<std::sync::OnceLock<Arc<Me>>> = Arc::default();
         let (own_n, q_n, inner_n) = (own.clone(), queueing.clone(), inner.clone());
         let on: OnNotify = Box::new(move |n: &tokio_postgres::Notification| {
-            let Some(name) = hex_name(n.payload()) else {
-                return;
-            };
+            // A semaphore's or read-write lock's wake-up (never a lock name's hex).
             if n.channel() == chan
                 && let Some(inner) = inner_n.upgrade()
                 && inner.prims.heard(n.payload())
             {
                 return;
             }
+            let Some(name) = hex_name(n.payload()) else {
+                return;
+            };
             if n.channel() == chan {
                 q_n.broadcast_wakeups.fetch_add(1, Relaxed);
                 if let Some(w) = w.upgrade() {

@@ -289,7 +289,10 @@ enum Op {
         side: &'static str,
     },
     /// The name row's max and counter.
-    Set { max: i32, fence: i64 },
+    Set {
+        max: i32,
+        fence: i64,
+    },
     Notify(String),
 }
 
@@ -649,10 +652,7 @@ impl PostgresBackend {
                 tx.query_typed(&fam.lock_create, &[(&name_b, Type::BYTEA)])
                     .await?
             }
-            None => {
-                tx.query_typed(&fam.lock, &[(&name_b, Type::BYTEA)])
-                    .await?
-            }
+            None => tx.query_typed(&fam.lock, &[(&name_b, Type::BYTEA)]).await?,
         };
         let state = match row.first() {
             None => None,
@@ -660,9 +660,7 @@ impl PostgresBackend {
                 let max: i32 = r.try_get(0)?;
                 let fence: i64 = r.try_get(1)?;
                 let us: i64 = r.try_get(2)?;
-                let rows = tx
-                    .query_typed(&fam.load, &[(&name_b, Type::BYTEA)])
-                    .await?;
+                let rows = tx.query_typed(&fam.load, &[(&name_b, Type::BYTEA)]).await?;
                 let mut holds = Vec::with_capacity(rows.len());
                 for r in rows {
                     holds.push(Hold {
@@ -1006,9 +1004,12 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<Extended, LockError> {
         let ttl_us = micros(ttl);
-        self.tx_pool(&self.prims().sql.sem, name, "the extend transaction", |st| {
-            renew(st, owner, "p", ttl_us)
-        })
+        self.tx_pool(
+            &self.prims().sql.sem,
+            name,
+            "the extend transaction",
+            |st| renew(st, owner, "p", ttl_us),
+        )
         .await
     }
 
@@ -1032,7 +1033,10 @@ impl PostgresBackend {
         let ttl_us = micros(ttl);
         self.tx_try(&self.prims().sql.rw, name, owner, 0, |st| match st {
             Some(st) => rw_acquire(st, side, owner, ttl_us),
-            None => Err(LockError::backend(name, "the read-write row was not locked")),
+            None => Err(LockError::backend(
+                name,
+                "the read-write row was not locked",
+            )),
         })
         .await
     }
@@ -1090,9 +1094,12 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<Option<u64>, LockError> {
         let ttl_us = micros(ttl);
-        self.tx_pool(&self.prims().sql.rw, name, "the downgrade transaction", |st| {
-            rw_downgrade(st, name, owner, ttl_us)
-        })
+        self.tx_pool(
+            &self.prims().sql.rw,
+            name,
+            "the downgrade transaction",
+            |st| rw_downgrade(st, name, owner, ttl_us),
+        )
         .await
     }
 
