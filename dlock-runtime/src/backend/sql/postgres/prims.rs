@@ -800,17 +800,14 @@ impl PostgresBackend {
     /// A give-back of `owner`: behind its unanswered try (on that try's connection), and, when
     /// the try's connection broke, a "nothing held" answer is not trusted until the server has
     /// surely ended that try (its `statement_timeout`).
-    async fn tx_give_back<T: Clone>(
+    async fn tx_give_back<T: Clone + PartialEq>(
         &self,
         fam: &Family,
         name: &str,
         owner: &str,
         nothing: T,
         decide: impl Fn(Option<&State>) -> Decided<T>,
-    ) -> Result<T, LockError>
-    where
-        T: PartialEq,
-    {
+    ) -> Result<T, LockError> {
         let key_name = format!("{}{name}", fam.prefix);
         let (slot, mut conn, unsure) = self.settle_try(&key_name, owner).await;
         let out = loop {
