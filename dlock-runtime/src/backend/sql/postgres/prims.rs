@@ -640,27 +640,33 @@ impl PostgresBackend {
     ) -> TxResult<T> {
         let tx = c.transaction().await?;
         let name_b = name.as_bytes();
-        let row = match create {
-            Some(max) if fam.has_max => {
-                tx.query_typed(
-                    &fam.lock_create,
-                    &[(&name_b, Type::BYTEA), (&max, Type::INT4)],
-                )
-                .await?
+        let lock = async {
+            match create {
+                Some(max) if fam.has_max => {
+                    tx.query_typed(
+                        &fam.lock_create,
+                        &[(&name_b, Type::BYTEA), (&max, Type::INT4)],
+                    )
+                    .await
+                }
+                Some(_) => {
+                    tx.query_typed(&fam.lock_create, &[(&name_b, Type::BYTEA)])
+                        .await
+                }
+                None => tx.query_typed(&fam.lock, &[(&name_b, Type::BYTEA)]).await,
             }
-            Some(_) => {
-                tx.query_typed(&fam.lock_create, &[(&name_b, Type::BYTEA)])
-                    .await?
-            }
-            None => tx.query_typed(&fam.lock, &[(&name_b, Type::BYTEA)]).await?,
         };
+        // Pipelined: the read is sent right behind the lock (one round trip); the server runs
+        // it after the lock is granted, with a snapshot of its own taken then.
+        let load_params: [(&(dyn ToSql + Sync), Type); 1] = [(&name_b, Type::BYTEA)];
+        let load = tx.query_typed(&fam.load, &load_params);
+        let (row, rows) = futures_util::future::try_join(lock, load).await?;
         let state = match row.first() {
             None => None,
             Some(r) => {
                 let max: i32 = r.try_get(0)?;
                 let fence: i64 = r.try_get(1)?;
                 let us: i64 = r.try_get(2)?;
-                let rows = tx.query_typed(&fam.load, &[(&name_b, Type::BYTEA)]).await?;
                 let mut holds = Vec::with_capacity(rows.len());
                 for r in rows {
                     holds.push(Hold {
@@ -690,58 +696,63 @@ impl PostgresBackend {
             tx.rollback().await?;
             return Ok(Ok(out));
         }
-        for op in &ops {
-            match op {
-                Op::Upsert {
-                    owner,
-                    side,
-                    count,
-                    fence,
-                    ttl_us,
-                    keep_longer,
-                } => {
-                    tx.query_typed(
-                        &fam.upsert,
-                        &[
-                            (&name_b, Type::BYTEA),
-                            (owner, Type::TEXT),
-                            (side, Type::TEXT),
-                            (count, Type::INT4),
-                            (fence, Type::INT8),
-                            (ttl_us, Type::INT8),
-                            (keep_longer, Type::BOOL),
-                        ],
-                    )
-                    .await?;
-                }
-                Op::Delete { owner, side } => {
-                    tx.query_typed(
-                        &fam.delete,
-                        &[
-                            (&name_b, Type::BYTEA),
-                            (owner, Type::TEXT),
-                            (side, Type::TEXT),
-                        ],
-                    )
-                    .await?;
-                }
-                Op::Set { max, fence } => {
-                    tx.query_typed(
-                        &fam.set,
-                        &[
-                            (&name_b, Type::BYTEA),
-                            (max, Type::INT4),
-                            (fence, Type::INT8),
-                        ],
-                    )
-                    .await?;
-                }
-                Op::Notify(p) => {
-                    tx.query_typed(&self.prims().sql.notify, &[(p, Type::TEXT)])
-                        .await?;
+        // The writes, pipelined (sent in this order, one round trip).
+        let writes = ops.iter().map(|op| {
+            let tx = &tx;
+            async move {
+                match op {
+                    Op::Upsert {
+                        owner,
+                        side,
+                        count,
+                        fence,
+                        ttl_us,
+                        keep_longer,
+                    } => {
+                        tx.query_typed(
+                            &fam.upsert,
+                            &[
+                                (&name_b, Type::BYTEA),
+                                (owner, Type::TEXT),
+                                (side, Type::TEXT),
+                                (count, Type::INT4),
+                                (fence, Type::INT8),
+                                (ttl_us, Type::INT8),
+                                (keep_longer, Type::BOOL),
+                            ],
+                        )
+                        .await
+                    }
+                    Op::Delete { owner, side } => {
+                        tx.query_typed(
+                            &fam.delete,
+                            &[
+                                (&name_b, Type::BYTEA),
+                                (owner, Type::TEXT),
+                                (side, Type::TEXT),
+                            ],
+                        )
+                        .await
+                    }
+                    Op::Set { max, fence } => {
+                        tx.query_typed(
+                            &fam.set,
+                            &[
+                                (&name_b, Type::BYTEA),
+                                (max, Type::INT4),
+                                (fence, Type::INT8),
+                            ],
+                        )
+                        .await
+                    }
+                    Op::Notify(p) => {
+                        tx.query_typed(&self.prims().sql.notify, &[(p, Type::TEXT)])
+                            .await
+                    }
                 }
             }
-        }
+        });
+        futures_util::future::try_join_all(writes).await?;
         tx.commit().await?;
         Ok(Ok(out))
     }
