@@ -39,6 +39,11 @@ fn has_records(env: &Env) -> bool {
         Kind::Etcd => true,
         #[cfg(feature = "zookeeper")]
         Kind::Zookeeper => true,
+        // Their records tables (`<table>_records`), both PostgreSQL modes.
+        #[cfg(feature = "postgres")]
+        Kind::Postgres | Kind::PgAdvisory => true,
+        #[cfg(feature = "mysql")]
+        Kind::Mysql => true,
         _ => false,
     }
 }

@@ -31,6 +31,26 @@ macro_rules! rw_backends {
                 }
             )*
         }
+        // A lock table of its own per test (`Env::postgres`), in the machine's PostgreSQL.
+        #[cfg(feature = "postgres")]
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::postgres().await).await
+                }
+            )*
+        }
+        // The advisory mode keeps semaphores and read-write locks in the same tables.
+        #[cfg(feature = "postgres")]
+        mod on_postgres_advisory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t(crate::common::Env::pg_advisory().await).await
+                }
+            )*
+        }
         #[cfg(feature = "cluster")]
         mod on_cluster {
             $(
@@ -651,6 +671,22 @@ async fn an_engine_without_rw_locks_is_a_typed_unsupported_error() {
     assert!(matches!(w, Err(LockError::Unsupported { .. })), "{w:?}");
     assert!(t0.elapsed() < Duration::from_millis(500));
     assert_eq!(inner.calls.load(Ordering::SeqCst), 0, "nothing was sent");
+}
+
+/// MySQL/MariaDB has no read-write locks yet (README's engine table): `Unsupported` at once.
+#[cfg(feature = "mysql")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_answers_unsupported_at_once() {
+    let env = common::Env::mysql().await;
+    let l = RwLock::new("rw-none")
+        .with_backend(env.backend())
+        .wait(Duration::from_secs(5));
+    let t0 = Instant::now();
+    let r = l.read().await;
+    assert!(matches!(r, Err(LockError::Unsupported { .. })), "{r:?}");
+    let w = l.write().await;
+    assert!(matches!(w, Err(LockError::Unsupported { .. })), "{w:?}");
+    assert!(t0.elapsed() < Duration::from_millis(500));
 }
 
 // The attribute's `mode = "read"` / `mode = "write"`.

@@ -1,8 +1,9 @@
 //! The semaphore suite (issue 21, item 1), written once and run on every engine that implements
 //! semaphores: every `async fn x(env: Env)` listed in `semaphore_backends!` runs as
 //! `on_memory::x`, `on_redis::x` (a private redis-server), and behind their features on
-//! Sentinel, Redis Cluster and ZooKeeper. The engines without semaphores are checked to answer
-//! `LockError::Unsupported` at once (`unsupported::*`).
+//! Sentinel, Redis Cluster, ZooKeeper, etcd and PostgreSQL (`on_postgres`,
+//! `on_postgres_advisory`: a lock table of its own per test). The engines without semaphores are
+//! checked to answer `LockError::Unsupported` at once (`unsupported::*`, MySQL included).
 
 mod common;
 
@@ -38,6 +39,26 @@ macro_rules! semaphore_backends {
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $t() {
                     super::$t($crate::common::Env::sentinel().await).await
+                }
+            )*
+        }
+        // A lock table of its own per test (`Env::postgres`), in the machine's PostgreSQL.
+        #[cfg(feature = "postgres")]
+        mod on_postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::postgres().await).await
+                }
+            )*
+        }
+        // The advisory mode keeps semaphores and read-write locks in the same tables.
+        #[cfg(feature = "postgres")]
+        mod on_postgres_advisory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $t() {
+                    super::$t($crate::common::Env::pg_advisory().await).await
                 }
             )*
         }
@@ -596,6 +617,30 @@ mod unsupported {
             .release()
             .await
             .unwrap();
+    }
+
+    /// MySQL/MariaDB has no semaphores yet (README's engine table): `Unsupported` at once.
+    #[cfg(feature = "mysql")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn mysql_answers_unsupported_at_once() {
+        let env = crate::common::Env::mysql().await;
+        let t0 = Instant::now();
+        let r = Semaphore::new("s", 2)
+            .wait(Duration::from_secs(5))
+            .with_backend(env.backend())
+            .acquire()
+            .await;
+        assert!(
+            matches!(
+                r,
+                Err(LockError::Unsupported {
+                    what: "semaphores",
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+        assert!(t0.elapsed() < Duration::from_secs(1), "{:?}", t0.elapsed());
     }
 }
 

@@ -199,6 +199,8 @@ mod pg {
                         c.batch_execute(&format!(
                             "DROP TABLE IF EXISTS {table}; DROP SEQUENCE IF EXISTS {table}_fence; \
                              DROP TABLE IF EXISTS {table}_waiters; \
+                             DROP TABLE IF EXISTS {table}_records, {table}_sem, {table}_permits, \
+                             {table}_rw, {table}_rw_holds; \
                              DROP FUNCTION IF EXISTS {table}_acquire_v1, {table}_acquire_nf_v1, \
                              {table}_release_v1, {table}_extend_v1, {table}_extend_nf_v1, \
                              {table}_acquire_v2, {table}_acquire_nf_v2, {table}_release_v2, \
@@ -310,7 +312,7 @@ mod my {
                     let mut c = mysql_async::Conn::new(opts).await.ok()?;
                     let _ = tokio::time::timeout(
                         Duration::from_secs(5),
-                        c.query_drop(format!("DROP TABLE IF EXISTS {table}")),
+                        c.query_drop(format!("DROP TABLE IF EXISTS {table}, {table}_records")),
                     )
                     .await;
                     let _ = c.disconnect().await;

@@ -38,6 +38,12 @@ const POLL_MAX: Duration = Duration::from_millis(250);
 /// ) ENGINE = InnoDB;
 /// -- A table of an older version gains the holder column at connect (when it is missing):
 /// ALTER TABLE dlock_locks ADD COLUMN holder VARCHAR(255) CHARACTER SET utf8mb4 NULL;
+/// -- Leader records (dlock::Election::proclaim / observe), one per lock name:
+/// CREATE TABLE IF NOT EXISTS dlock_locks_records (
+///     name  VARBINARY(1024) NOT NULL PRIMARY KEY, -- the lock name
+///     epoch BIGINT UNSIGNED NOT NULL,             -- the term that wrote it
+///     value LONGBLOB        NOT NULL              -- the value (UTF-8)
+/// ) ENGINE = InnoDB;
 /// ```
 ///
 /// Rows are kept after release (count 0, `expires_at` = release time) so that a hot name needs
@@ -53,6 +59,11 @@ pub fn mysql_schema_sql(table: &str) -> Result<String, LockError> {
              fence BIGINT UNSIGNED NOT NULL,\n    \
              expires_at DATETIME(6) NOT NULL,\n    \
              holder VARCHAR(255) CHARACTER SET utf8mb4 NULL\n\
+         ) ENGINE = InnoDB;\n\
+         CREATE TABLE IF NOT EXISTS {table}_records (\n    \
+             name VARBINARY(1024) NOT NULL PRIMARY KEY,\n    \
+             epoch BIGINT UNSIGNED NOT NULL,\n    \
+             value LONGBLOB NOT NULL\n\
          ) ENGINE = InnoDB;\n"
     ))
 }
@@ -938,6 +949,61 @@ impl Backend for MysqlBackend {
 
     fn has_waiters(&self, name: &str) -> bool {
         self.inner.waiters.has_waiters(name)
+    }
+
+    /// The epoch-guarded write: three autocommit statements, none of which upgrades a shared
+    /// row lock (no `ON DUPLICATE KEY UPDATE`, see the type's docs): an `INSERT IGNORE` for a
+    /// first record, an `UPDATE` only where the stored epoch is not larger, and a read of what
+    /// is stored. Written when the stored record is this one. Idempotent, so the retries of a
+    /// deadlock or lock-wait error inside the call are safe.
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(async move {
+            let t = &self.inner.table;
+            let (mut n, mut v) = (String::new(), String::new());
+            hex(&mut n, name.as_bytes());
+            hex(&mut v, value.as_bytes());
+            let sql = format!(
+                "INSERT IGNORE INTO {t}_records (name, epoch, value) VALUES ({n}, {epoch}, {v}); \
+                 UPDATE {t}_records SET value = {v}, epoch = {epoch} \
+                   WHERE name = {n} AND epoch <= {epoch}; \
+                 SELECT epoch = {epoch} AND value = {v} FROM {t}_records WHERE name = {n}"
+            );
+            let rows = Self::last_rows(&self.inner, name, "the record write", &sql).await?;
+            Ok(rows
+                .first()
+                .and_then(|r| r.get::<Option<i64>, _>(0))
+                .flatten()
+                == Some(1))
+        })
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(async move {
+            let t = &self.inner.table;
+            let mut n = String::new();
+            hex(&mut n, name.as_bytes());
+            let sql = format!("SELECT epoch, value FROM {t}_records WHERE name = {n}");
+            let rows = Self::last_rows(&self.inner, name, "the record read", &sql).await?;
+            let Some(r) = rows.first() else {
+                return Ok(None);
+            };
+            let epoch: Option<u64> = r.get(0);
+            let value: Option<Vec<u8>> = r.get(1);
+            let (Some(epoch), Some(value)) = (epoch, value) else {
+                return Err(LockError::backend(name, "an unreadable leader record"));
+            };
+            let value = String::from_utf8(value)
+                .map_err(|_| LockError::backend(name, "a leader record that is not UTF-8"))?;
+            Ok(Some(crate::backend::Record { epoch, value }))
+        })
     }
 }
 

@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 use super::pg_advisory::{Advisory, RECHECK, Wake};
 use super::{DEFAULT_TABLE, bounded, check_table, micros, redact_url};
 use crate::LockError;
-use crate::backend::{Acquired, Backend, BoxFuture, Extended, Released, Watch};
+use crate::backend::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 use crate::wait::WaitQueues;
+
+mod prims;
 
 type DynError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
@@ -109,6 +111,19 @@ where
 /// -- when one is missing, so no exclusive lock is taken at every connect):
 /// ALTER TABLE dlock_locks_waiters ADD COLUMN beat timestamptz;
 /// ALTER TABLE dlock_locks ADD COLUMN holder text;
+/// -- Leader records, semaphores and read-write locks (both modes; see docs/postgres.md):
+/// CREATE TABLE IF NOT EXISTS dlock_locks_records (
+///     name bytea PRIMARY KEY, epoch bigint NOT NULL, value text NOT NULL);
+/// CREATE TABLE IF NOT EXISTS dlock_locks_sem (    -- per semaphore: its max, its token counter
+///     name bytea PRIMARY KEY, max integer NOT NULL, fence bigint NOT NULL);
+/// CREATE TABLE IF NOT EXISTS dlock_locks_permits ( -- a row per grant (side 'p')
+///     name bytea NOT NULL, owner text NOT NULL, side text NOT NULL, count integer NOT NULL,
+///     fence bigint NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (name, owner, side));
+/// CREATE TABLE IF NOT EXISTS dlock_locks_rw (      -- per read-write lock: its token counter
+///     name bytea PRIMARY KEY, fence bigint NOT NULL);
+/// CREATE TABLE IF NOT EXISTS dlock_locks_rw_holds ( -- side 'r', 'w' or 'q' (writer waiting)
+///     name bytea NOT NULL, owner text NOT NULL, side text NOT NULL, count integer NOT NULL,
+///     fence bigint NOT NULL, expires_at timestamptz NOT NULL, PRIMARY KEY (name, owner, side));
 /// ```
 pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
     check_table(table)?;
@@ -140,7 +155,8 @@ pub fn postgres_schema_sql(table: &str) -> Result<String, LockError> {
                           AND attname = 'holder' AND NOT attisdropped) THEN \
              ALTER TABLE {table} ADD COLUMN holder text; \
            END IF; \
-         END $dlock$;\n"
+         END $dlock$;\n{}",
+        prims::schema_sql(table)
     ))
 }
 
@@ -1259,6 +1275,7 @@ impl PostgresBackendBuilder {
                 tries: Mutex::default(),
                 unconfirmed: super::Unconfirmed::default(),
                 statement_timeout: self.statement_timeout,
+                prims: prims::Prims::new(&self.table),
             }),
         };
         if self.create_schema {
@@ -1380,6 +1397,8 @@ struct Inner {
     /// How long the server lets one statement run (its `statement_timeout`; for a caller's pool,
     /// the builder's value is assumed).
     statement_timeout: Duration,
+    /// Leader records, semaphores and read-write locks: their statements and waiter queues.
+    prims: prims::Prims,
 }
 
 /// An acquire statement of one owner, from just before it is sent until its reply is read. A
@@ -2248,6 +2267,13 @@ async fn listen_loop(
         let own: Arc<std::sync::OnceLock<Arc<Me>>> = Arc::default();
         let (own_n, q_n, inner_n) = (own.clone(), queueing.clone(), inner.clone());
         let on: OnNotify = Box::new(move |n: &tokio_postgres::Notification| {
+            // A semaphore's or read-write lock's wake-up (never a lock name's hex).
+            if n.channel() == chan
+                && let Some(inner) = inner_n.upgrade()
+                && inner.prims.heard(n.payload())
+            {
+                return;
+            }
             let Some(name) = hex_name(n.payload()) else {
                 return;
             };
@@ -2289,6 +2315,9 @@ async fn listen_loop(
                 if let Some(w) = waiters.upgrade() {
                     w.wake_all();
                 }
+                if let Some(i) = inner.upgrade() {
+                    i.prims.wake_all();
+                }
                 let beat_sql = inner.upgrade().map(|i| match &i.advisory {
                     Some(a) => a.beat_sql().to_string(),
                     None => i.sql.fifo.beat.clone(),
@@ -2322,6 +2351,9 @@ async fn listen_loop(
             let _ = ready.send(false);
             if let Some(w) = waiters.upgrade() {
                 w.wake_all();
+            }
+            if let Some(i) = inner.upgrade() {
+                i.prims.wake_all();
             }
             tracing::warn!(channel = %channel, "dlock: PostgreSQL listening connection lost; reconnecting");
         }
@@ -2753,6 +2785,114 @@ impl Backend for PostgresBackend {
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {
         let t = self.inner.advisory.as_ref()?.lost_signal(name, owner)?;
         Some(Box::pin(async move { t.cancelled_owned().await }))
+    }
+
+    // Semaphores, read-write locks and leader records (both modes): `postgres/prims.rs`.
+    fn try_acquire_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        max: u32,
+        permits: u32,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.permits_try(name, owner, max, permits, ttl))
+    }
+
+    fn release_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.permits_release(name, owner))
+    }
+
+    fn extend_permits<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.permits_extend(name, owner, ttl))
+    }
+
+    fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.permits_watch(name))
+    }
+
+    fn has_permit_waiters(&self, name: &str) -> bool {
+        self.inner.prims.sem_waiters.has_waiters(name)
+    }
+
+    fn supports_rw(&self) -> bool {
+        true
+    }
+
+    fn rw_try_acquire<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.rw_try(side, name, owner, ttl))
+    }
+
+    fn rw_release<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        all: bool,
+    ) -> BoxFuture<'a, Result<Released, LockError>> {
+        Box::pin(self.rw_release_call(side, name, owner, all))
+    }
+
+    fn rw_extend<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Extended, LockError>> {
+        Box::pin(self.rw_extend_call(side, name, owner, ttl))
+    }
+
+    fn rw_downgrade<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<Option<u64>, LockError>> {
+        Box::pin(self.rw_downgrade_call(name, owner, ttl))
+    }
+
+    fn rw_watch<'a>(
+        &'a self,
+        side: RwSide,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Watch, LockError>> {
+        Box::pin(self.rw_watch_call(side, name))
+    }
+
+    fn rw_has_waiters(&self, side: RwSide, name: &str) -> bool {
+        self.rw_waiting(side, name)
+    }
+
+    fn put_record<'a>(
+        &'a self,
+        name: &'a str,
+        epoch: u64,
+        value: &'a str,
+    ) -> BoxFuture<'a, Result<bool, LockError>> {
+        Box::pin(self.pg_put_record(name, epoch, value))
+    }
+
+    fn get_record<'a>(
+        &'a self,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<Option<crate::backend::Record>, LockError>> {
+        Box::pin(self.pg_get_record(name))
     }
 }
 
