@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::counting::CountTries;
-use common::{Env, Kind};
+use common::Env;
 use dlock::{Election, LockError, LostReason};
 
 both_backends!(
@@ -27,26 +27,6 @@ both_backends!(
     a_record_above_every_new_epoch_ends_the_campaign_with_an_error_not_a_loop,
 );
 
-/// Whether the engine keeps leader records (`proclaim`, `observe`); the others give a `Config`
-/// error for them, and the record tests check that instead.
-fn has_records(env: &Env) -> bool {
-    match env.kind {
-        // Redis: one server, and Sentinel's master (its environment is of kind Redis).
-        Kind::Memory | Kind::Redis | Kind::Redlock => true,
-        #[cfg(feature = "cluster")]
-        Kind::Cluster => true,
-        #[cfg(feature = "etcd")]
-        Kind::Etcd => true,
-        #[cfg(feature = "zookeeper")]
-        Kind::Zookeeper => true,
-        // Their records tables (`<table>_records`), both PostgreSQL modes.
-        #[cfg(feature = "postgres")]
-        Kind::Postgres | Kind::PgAdvisory => true,
-        #[cfg(feature = "mysql")]
-        Kind::Mysql => true,
-        _ => false,
-    }
-}
 
 /// A resource that refuses a write with an epoch below the highest it has seen, and logs the
 /// writes it accepted.
@@ -289,12 +269,6 @@ async fn a_stale_leaders_proclaim_is_refused_and_loses_its_term(env: Env) {
         .campaign()
         .await
         .unwrap();
-    if !has_records(&env) {
-        assert!(!a.has_records());
-        let e = a.proclaim("a2").await.unwrap_err();
-        assert!(matches!(e, LockError::Config(_)), "{e:?}");
-        return;
-    }
     assert!(a.has_records());
     a.proclaim("a2")
         .await
@@ -337,16 +311,6 @@ async fn observers_see_every_change_of_leader_in_order(env: Env) {
         .with_backend(env.another_backend().await)
         .observe_every(Duration::from_millis(20));
     let mut obs = observer_election.observe();
-    if !has_records(&env) {
-        let first = tokio::time::timeout(Duration::from_secs(5), obs.next())
-            .await
-            .expect("an item");
-        assert!(
-            matches!(first, Some(Err(LockError::Config(_)))),
-            "{first:?}"
-        );
-        return;
-    }
     let collected = Arc::new(Mutex::new(Vec::new()));
     let done = Arc::new(AtomicBool::new(false));
     let (c, d) = (collected.clone(), done.clone());
@@ -473,9 +437,6 @@ async fn once_returns_after_a_lost_term_and_without_it_run_campaigns_again(env: 
 /// the record came from elsewhere) refuses every fresh grant: the campaign gives up after a few
 /// with a `Backend` error instead of looping for ever, and leaves the name free.
 async fn a_record_above_every_new_epoch_ends_the_campaign_with_an_error_not_a_loop(env: Env) {
-    if !has_records(&env) {
-        return;
-    }
     let lock_name = "election:future";
     // Year ~2223 in µs: above every token minted now, exact in Lua's doubles.
     let future = 8_000_000_000_000_000u64;
