@@ -19,12 +19,15 @@ local function wake()
     return
   end
   local msg = '1'
-  local t = redis.call('TIME')
-  local now = t[1] * 1000 + math.floor(t[2] / 1000)
+  local now
   while true do
     local h = redis.call('ZRANGE', KEYS[2], 0, 0)
     if not h[1] then
       break
+    end
+    if not now then
+      local t = redis.call('TIME')
+      now = t[1] * 1000 + math.floor(t[2] / 1000)
     end
     local dl = tonumber(redis.call('HGET', KEYS[3], h[1]) or '0')
     if dl > now then
@@ -36,15 +39,15 @@ local function wake()
   end
   redis.pcall('PUBLISH', ARGV[3], msg)
 end
-local left = 0
-if ARGV[4] == '1' then
-  left = redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('HDEL', KEYS[3], ARGV[1])
-end
 local held = redis.call('HGET', KEYS[1], ARGV[1])
 if held ~= '1' and (tonumber(held or '0') or 0) <= 0 then
-  if left == 1 and redis.call('EXISTS', KEYS[1]) == 0 then
-    wake()
+  -- Not a holder (a holder left the queue with its grant): leave the queue, and pass the turn
+  -- on when it was this owner's and the lock is free.
+  if ARGV[4] == '1' and redis.call('ZREM', KEYS[2], ARGV[1]) == 1 then
+    redis.call('HDEL', KEYS[3], ARGV[1])
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+      wake()
+    end
   end
   return -1
 end
