@@ -267,8 +267,21 @@ async fn a_waiter_whose_wait_ends_leaves_the_queue_at_once(env: Env) {
         "the first waiter's wait ends: {:?}",
         r.map(|g| g.fencing_token())
     );
-    // Its give-up left the queue: only the second waiter is queued.
-    until_queued(&env, name, 1).await;
+    // Its give-up left the queue at once: only the second waiter is queued, well before the
+    // first one's heartbeat lease (10 s) could have dropped it.
+    let ended = Instant::now();
+    loop {
+        let n = queued(&env, name).await;
+        if n == 1 {
+            break;
+        }
+        assert!(
+            ended.elapsed() < Duration::from_secs(2),
+            "{n} owners still queued {:?} after the first waiter's wait ended",
+            ended.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let released = Instant::now();
     holder.release().await.unwrap();
     let (at, g) = tokio::time::timeout(Duration::from_secs(20), second)
