@@ -18,7 +18,8 @@
 //!
 //! Environment: `DLOCK_BENCH_SCALE` (default 1) scales every run length except W3's 2,000
 //! acquisitions; `DLOCK_BENCH_ROUNDS` (default 5) sets the interleaved rounds of W1/W2/W4;
-//! `REDIS_SERVER` names the redis-server binary (default: `redis-server` on the PATH).
+//! `REDIS_SERVER` names the redis-server binary (default: `redis-server` on the PATH);
+//! `DLOCK_BENCH_FAIR=1` makes dlock's W1 pairs and W3 contenders fair locks (`Lock::fair`).
 
 #[path = "common/redis_server.rs"]
 mod redis_server;
@@ -239,9 +240,17 @@ async fn raw_pair(
 /// An owner id of the shape dlock uses (32 hex digits, `:`, a counter).
 const RAW_OWNER: &str = "0123456789abcdef0123456789abcdef:1";
 
+/// `DLOCK_BENCH_FAIR=1`: dlock's W1 pairs and W3 contenders use `Lock::fair(true)`.
+fn fair() -> bool {
+    static FAIR: std::sync::LazyLock<bool> =
+        std::sync::LazyLock::new(|| std::env::var("DLOCK_BENCH_FAIR").is_ok_and(|v| v == "1"));
+    *FAIR
+}
+
 async fn dlock_pair(backend: &Arc<dyn Backend>, name: &str) {
     let g = Lock::new(name)
         .with_backend(backend.clone())
+        .fair(fair())
         .acquire()
         .await
         .expect("dlock acquire");
@@ -666,6 +675,7 @@ async fn w3_run(
                     Contender::Dlock(b) => Lock::new(name)
                         .with_backend(b.clone())
                         .wait(W3_WAIT)
+                        .fair(fair())
                         .acquire()
                         .await
                         .map(Held::Dlock)

@@ -639,3 +639,69 @@ async fn a_release_lost_in_a_partition_is_retried_after_the_heal() {
     );
     g.release().await.unwrap();
 }
+
+/// Rule 2 on the read-write lock: a write try sent into a partition whose bytes are delivered
+/// late, after the heal, must not leave an orphan write hold. Its give-back (`rw_release` of
+/// every hold) is sent on the try's own connection, behind it, so it runs after the late try;
+/// a give-back on a fresh connection would overtake the try (answering `NotOwner`), and the
+/// late grant would then hold the write side for 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rw_give_back_never_overtakes_its_write_try_delivered_late_after_a_heal() {
+    let n = net().await;
+    // Connect the data connection through the proxy first.
+    dlock::RwLock::new("late-rw")
+        .with_backend(n.via_proxy.clone())
+        .write()
+        .await
+        .unwrap()
+        .release()
+        .await
+        .unwrap();
+    let fence = format!("{}:rw:fence", dlock::backend::redis_keys("late-rw").lock);
+    let mut raw = redis::Client::open(n.server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let _: () = redis::cmd("DEL")
+        .arg(&fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    n.proxy.set_mode(Mode::Hold);
+    let r = tokio::time::timeout(
+        Duration::from_secs(5),
+        dlock::RwLock::new("late-rw")
+            .with_backend(n.via_proxy.clone())
+            .ttl(Duration::from_secs(30))
+            .write(),
+    )
+    .await
+    .expect("the try is bounded by the response timeout");
+    assert!(r.is_err(), "acquired through a partition: {:?}", r.is_ok());
+    // The give-back is retried during the partition; new connections are refused meanwhile.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    n.proxy
+        .heal_delivering_held_after(Duration::from_millis(1500));
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let ran: bool = redis::cmd("EXISTS")
+        .arg(&fence)
+        .query_async(&mut raw)
+        .await
+        .unwrap();
+    assert!(
+        ran,
+        "the held try never reached the server (the test proves nothing)"
+    );
+    let r = dlock::RwLock::new("late-rw")
+        .with_backend(n.direct.clone())
+        .write()
+        .await;
+    match r {
+        Ok(g) => g.release().await.unwrap(),
+        Err(e) => panic!(
+            "the late-delivered write try left an orphan after its give-back: {e:?} (retry_after {:?})",
+            e.retry_after()
+        ),
+    }
+}

@@ -18,6 +18,7 @@ pub(crate) const OPTIONS: &[&str] = &[
     "wait",
     "backend",
     "watchdog",
+    "fair",
     "on_busy",
     "hold_at_least",
     "on_lost",
@@ -100,6 +101,8 @@ pub(crate) struct LockArgs {
     pub(crate) wait: Option<Duration>,
     pub(crate) backend: Option<String>,
     pub(crate) watchdog: Option<bool>,
+    /// `fair = true`: waiters in arrival order (`Lock::fair`); with its value's span.
+    pub(crate) fair: Option<(bool, Span)>,
     pub(crate) on_busy: Option<(OnBusy, Span)>,
     pub(crate) hold_at_least: Option<Duration>,
     pub(crate) on_lost: Option<OnLost>,
@@ -193,6 +196,14 @@ pub(crate) fn parse_as(flavor: Flavor, args: TokenStream, errors: &mut Errors) -
             "`hold_at_least` is not supported with `semaphore`: permits are given back when the call returns",
         );
     }
+    if let Some((true, span)) = out.fair
+        && (out.semaphore.is_some() || out.mode.is_some())
+    {
+        errors.push_spanned(
+            span,
+            "`fair` is for locks: a semaphore (`semaphore`) or a read-write lock (`mode`) has no fair queue",
+        );
+    }
     if let (Some(_), Some((_, span))) = (out.semaphore, out.mode) {
         errors.push_spanned(
             span,
@@ -256,6 +267,17 @@ fn set(out: &mut LockArgs, name: &str, value: &Expr) -> syn::Result<()> {
                 return Err(syn::Error::new(
                     value.span(),
                     "`watchdog` takes `true` or `false`",
+                ));
+            }
+        },
+        "fair" => match value {
+            Expr::Lit(ExprLit {
+                lit: Lit::Bool(b), ..
+            }) => out.fair = Some((b.value, b.span())),
+            _ => {
+                return Err(syn::Error::new(
+                    value.span(),
+                    "`fair` takes `true` or `false`",
                 ));
             }
         },
@@ -352,6 +374,7 @@ fn example(name: &str) -> &'static str {
         "hold_at_least" => "e.g. `hold_at_least = \"1m\"`",
         "backend" => "e.g. `backend = \"default\"`",
         "watchdog" => "e.g. `watchdog = false`",
+        "fair" => "e.g. `fair = true`",
         "on_busy" => "e.g. `on_busy = \"skip\"`",
         "on_lost" => "e.g. `on_lost = \"continue\"`",
         "policy" => "e.g. `policy = \"payments\"`",
@@ -513,6 +536,14 @@ mod tests {
             (
                 quote!(key = "k", semaphore = 4, mode = "read"),
                 "cannot be combined",
+            ),
+            (
+                quote!(key = "k", fair = "yes"),
+                "`fair` takes `true` or `false`",
+            ),
+            (
+                quote!(key = "k", semaphore = 4, fair = true),
+                "`fair` is for locks",
             ),
         ] {
             let mut errors = Errors::default();

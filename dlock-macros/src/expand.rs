@@ -156,6 +156,9 @@ fn build(args: &LockArgs, func: &MaybeItemFn, errors: &mut Errors) -> TokenStrea
     if let Some(w) = args.watchdog {
         setters.push(quote!(.watchdog(#w)));
     }
+    if let Some((f, _)) = args.fair {
+        setters.push(quote!(.fair(#f)));
+    }
     if let Some((b, _)) = args.on_busy {
         let v = match b {
             OnBusy::Error => quote!(Error),

@@ -46,6 +46,7 @@ use proc_macro::TokenStream;
 /// | `wait` | how long to wait for a busy lock | `"0s"`: fail fast |
 /// | `backend` | a registered backend name (`dlock::init`, `dlock::register`) | `"default"` |
 /// | `watchdog` | `true` / `false`: renew the lease every ttl/3 while the body runs | `true` |
+/// | `fair` | `true` / `false`: waiters served in arrival order across processes (`dlock::Lock::fair`; memory, Redis, Sentinel, Cluster, ZooKeeper, etcd; not with `semaphore` or `mode`) | `false` |
 /// | `on_busy` | `"error"` / `"skip"` | `"error"` |
 /// | `hold_at_least` | keep the lock this long after acquiring it, even when the body ends sooner | none |
 /// | `mode` | `"read"` / `"write"`: run under that side of a `dlock::RwLock` named `key` instead of a lock (many readers or one writer; no `hold_at_least`; `"write"` inside a `"read"` body of the same key fails with `LockError::UpgradeRefused`) | a lock |

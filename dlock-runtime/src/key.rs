@@ -77,6 +77,12 @@ pub(crate) const RECORD_SUFFIX: &str = ":leader";
 /// Suffix of the waiters' queue after the lock key (a zset: waiting process id -> expiry, and the
 /// turn record `~<id>` -> -(server ms of its wake-up), see release.lua).
 pub(crate) const QUEUE_SUFFIX: &str = ":q";
+/// Suffix of a fair lock's queue after the lock key (a zset: owner id -> arrival number, see
+/// `scripts/fair_acquire.lua`).
+pub(crate) const FAIR_QUEUE_SUFFIX: &str = ":fq";
+/// Suffix of a fair lock's heartbeats after the lock key (a hash: queued owner id -> heartbeat
+/// deadline, server ms).
+pub(crate) const FAIR_HEARTBEAT_SUFFIX: &str = ":fh";
 
 /// Suffix of a read-write lock's state hash after the lock key (see `scripts/rw.lua`).
 pub(crate) const RW_SUFFIX: &str = ":rw";

@@ -47,6 +47,15 @@ pub struct Lock {
     /// Whether a nested acquisition in a guarded scope re-enters (false for a semaphore's
     /// permits: each acquisition is a holder of its own).
     reentrant: bool,
+    /// Waiters are served in arrival order across processes ([`Lock::fair`]).
+    fair: bool,
+}
+
+/// The heartbeat lease of a fair lock's queued waiter: one renewal period of its ttl (ttl/3, at
+/// least 50 ms). A waiter tries again within half of it while it waits, so the store drops a
+/// waiter whose process died within one renewal period of its last try.
+pub(crate) fn fair_heartbeat(ttl: Duration) -> Duration {
+    (ttl / 3).max(Duration::from_millis(50))
 }
 
 #[derive(Clone)]
@@ -68,6 +77,7 @@ impl std::fmt::Debug for Lock {
             .field("watchdog", &self.watchdog)
             .field("max_hold", &self.max_hold)
             .field("hold_at_least", &self.hold_at_least)
+            .field("fair", &self.fair)
             .field("backend", backend)
             .finish()
     }
@@ -93,6 +103,7 @@ impl Lock {
             backend: BackendRef::Named(Cow::Borrowed(registry::DEFAULT_BACKEND)),
             metric_name: Cow::Borrowed(crate::metrics::DEFAULT_METRIC_NAME),
             reentrant: true,
+            fair: false,
         }
     }
 
@@ -144,6 +155,23 @@ impl Lock {
     /// deleting the lock.
     pub fn hold_at_least(mut self, min: Duration) -> Self {
         self.hold_at_least = Some(min);
+        self
+    }
+
+    /// Serves waiters in arrival order across processes (default false: a release wakes one
+    /// waiter per process and the first try to arrive wins, so a waiter can be overtaken).
+    ///
+    /// With `fair(true)` every waiting acquisition keeps a place in a queue on the store and
+    /// the lock goes only to the queue's first live waiter. A queued waiter renews its place by
+    /// trying again at least every half renewal period (ttl/6); one whose process died leaves
+    /// the queue one renewal period (ttl/3) after its last try, and a wait that ends without a
+    /// grant (its deadline, a dropped future) leaves it at once. Supported on memory, Redis,
+    /// Sentinel and Redis Cluster (a queue of their own), and on ZooKeeper and etcd (whose
+    /// waiters always queue in arrival order); any other backend answers
+    /// [`LockError::Unsupported`] at the first try. Fairness holds among fair acquisitions of a
+    /// name: a plain `acquire` of the same name is not queued and can still barge in.
+    pub fn fair(mut self, on: bool) -> Self {
+        self.fair = on;
         self
     }
 
@@ -298,7 +326,8 @@ impl Lock {
             // A backend that keeps failed tries queued (ZooKeeper, etcd) is told when this wait
             // ends without a grant, however it ends (return or a dropped future).
             give_up: GiveUp {
-                backend: (parent.is_none() && backend.queues_contenders()).then_some(backend),
+                backend: (parent.is_none() && (self.fair || backend.queues_contenders()))
+                    .then_some(backend),
                 name,
                 owner: owner.clone(),
                 ttl: self.ttl,
@@ -326,7 +355,8 @@ impl Lock {
             // a waiter with an entry of its own is woken exactly when its predecessor leaves
             // (one wake-up per release; a waiter without one is woken by this process's next
             // delete, an extra try per release: issue 19).
-            try_now = backend.queues_contenders()
+            try_now = self.fair
+                || backend.queues_contenders()
                 || a.watch
                     .as_ref()
                     .and_then(Watch::lease_end)
@@ -431,6 +461,7 @@ impl Acquisition<'_> {
             &owner,
             lock.ttl,
             self.parent.is_none(),
+            lock.fair,
         );
         // A reply later than the lease it asks for is useless (a grant would be given back as
         // late), so one try never waits longer than the ttl, nor past the wait.
@@ -576,7 +607,7 @@ impl Acquisition<'_> {
                 retry_after: r,
             });
         }
-        if self.backend.fresh_owner_per_try() {
+        if self.backend.fresh_owner_per_try() && !self.lock.fair {
             // The busy try's clean-up may still run on the server (Redlock: on the nodes it
             // took, in the background, or late after a timeout): under this owner id it would
             // delete a later try's grant behind its guard.
@@ -640,6 +671,11 @@ impl Acquisition<'_> {
             let t = t + Duration::from_millis(1);
             until = Some(until.map_or(t, |d| d.min(t)));
         }
+        if self.lock.fair {
+            // A queued waiter of a fair lock renews its place (its heartbeat) by trying again.
+            let t = now + fair_heartbeat(self.lock.ttl) / 2;
+            until = Some(until.map_or(t, |d| d.min(t)));
+        }
         let sleep = async {
             match until {
                 Some(t) => tokio::time::sleep_until(t).await,
@@ -685,6 +721,7 @@ fn try_acquire_guarded<'a>(
     owner: &'a Arc<str>,
     ttl: Duration,
     fresh_owner: bool,
+    fair: bool,
 ) -> impl std::future::Future<Output = Result<Acquired, LockError>> + Send + 'a {
     // A re-entry needs no clean-up: an extra count it may leave is cleared by the outermost
     // release, which deletes the lock whatever the count.
@@ -695,7 +732,14 @@ fn try_acquire_guarded<'a>(
         ttl,
     };
     async move {
-        let r = backend.try_acquire(name, owner, ttl).await;
+        // A re-entry (not a fresh owner) is never queued: it holds the name already.
+        let r = if fair && fresh_owner {
+            backend
+                .try_acquire_fair(name, owner, ttl, fair_heartbeat(ttl))
+                .await
+        } else {
+            backend.try_acquire(name, owner, ttl).await
+        };
         // An error (a response timeout, a dropped connection) leaves the outcome unknown: the
         // try may still run on the server. Stay armed, so the drop sends an owner-checked
         // release after it on the same connection, and a late grant is deleted.

@@ -32,8 +32,8 @@ pub enum OnLost {
 ///
 /// Policies are how ops teams change lock settings without touching code.
 ///
-/// A policy names any of `ttl`, `wait`, `backend`, `watchdog`, `on_busy`, `hold_at_least` and
-/// `on_lost`. `#[distributed_lock(key = "...", policy = "payments")]` takes its settings from the
+/// A policy names any of `ttl`, `wait`, `backend`, `watchdog`, `on_busy`, `hold_at_least`,
+/// `on_lost` and `fair`. `#[distributed_lock(key = "...", policy = "payments")]` takes its settings from the
 /// policy; options written in the attribute win over it.
 ///
 /// # Where policies come from
@@ -51,14 +51,15 @@ pub enum OnLost {
 ///   on_busy = "skip"          # or "error"
 ///   hold_at_least = "1m"
 ///   on_lost = "cancel"        # or "continue"
+///   fair = true               # waiters in arrival order (`Lock::fair`)
 ///   ```
 ///
 /// * **Environment variables** `DLOCK_POLICY_<NAME>_<FIELD>`, read when a policy is looked up:
 ///   `<NAME>` is the policy name uppercased with every character other than `A-Z`/`0-9` turned
 ///   into `_`, `<FIELD>` one of `TTL`, `WAIT`, `BACKEND`, `WATCHDOG`, `ON_BUSY`,
-///   `HOLD_AT_LEAST`, `ON_LOST`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
+///   `HOLD_AT_LEAST`, `ON_LOST`, `FAIR`. Example: `DLOCK_POLICY_PAYMENTS_TTL=5s`,
 ///   `DLOCK_POLICY_NIGHTLY_REPORT_ON_BUSY=skip` for the policy `nightly-report`. Values are
-///   written as in the file (`true`/`false` for `WATCHDOG`); an empty value counts as unset.
+///   written as in the file (`true`/`false` for `WATCHDOG` and `FAIR`); an empty value counts as unset.
 ///   A policy that only the environment
 ///   names exists too.
 ///
@@ -69,7 +70,7 @@ pub enum OnLost {
 /// **attribute > environment > policy file > policy defined in code > built-in defaults**
 ///
 /// (defaults: ttl 30 s, wait 0, backend `"default"`, watchdog on, on_busy error, no
-/// hold_at_least, on_lost cancel). Loading a second file replaces the fields it names.
+/// hold_at_least, on_lost cancel, not fair). Loading a second file replaces the fields it names.
 ///
 /// A `#[distributed_lock]` function resolves its settings once, at its first call, and keeps
 /// them: define and load policies at start-up, before the first locked call. A policy name
@@ -96,6 +97,8 @@ pub struct Policy {
     pub hold_at_least: Option<Duration>,
     /// What to do when the lease is lost.
     pub on_lost: Option<OnLost>,
+    /// Whether waiters are served in arrival order ([`crate::Lock::fair`]).
+    pub fair: Option<bool>,
 }
 
 impl Policy {
@@ -113,6 +116,7 @@ impl Policy {
         self.on_busy = self.on_busy.or(lower.on_busy);
         self.hold_at_least = self.hold_at_least.or(lower.hold_at_least);
         self.on_lost = self.on_lost.or(lower.on_lost);
+        self.fair = self.fair.or(lower.fair);
         self
     }
 }
@@ -124,7 +128,7 @@ static POLICIES: LazyLock<RwLock<HashMap<String, Policy>>> =
 static FILE_POLICIES: LazyLock<RwLock<HashMap<String, Policy>>> =
     LazyLock::new(|| RwLock::new(HashMap::new()));
 
-const FIELDS: [&str; 7] = [
+const FIELDS: [&str; 8] = [
     "ttl",
     "wait",
     "backend",
@@ -132,6 +136,7 @@ const FIELDS: [&str; 7] = [
     "on_busy",
     "hold_at_least",
     "on_lost",
+    "fair",
 ];
 
 /// Warns when `name` and another known policy map to the same `DLOCK_POLICY_<NAME>_*`
@@ -364,6 +369,13 @@ fn set_field(p: &mut Policy, field: &str, v: &str) -> Result<(), String> {
         }
         "watchdog" => {
             p.watchdog = Some(match v {
+                "true" => true,
+                "false" => false,
+                _ => return Err(format!("expected true or false, not {v:?}")),
+            });
+        }
+        "fair" => {
+            p.fair = Some(match v {
                 "true" => true,
                 "false" => false,
                 _ => return Err(format!("expected true or false, not {v:?}")),

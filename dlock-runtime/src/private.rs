@@ -23,6 +23,8 @@ pub struct LockSpec {
     pub on_busy: Option<OnBusy>,
     pub hold_at_least: Option<Duration>,
     pub on_lost: Option<OnLost>,
+    /// `fair = true`: waiters in arrival order (`Lock::fair`).
+    pub fair: Option<bool>,
     pub policy: Option<&'static str>,
     /// `semaphore = max, permits = n`: `(max, n)`; the call runs under `n` permits of the
     /// semaphore `key` instead of the lock.
@@ -49,6 +51,7 @@ pub struct Resolved {
     pub on_busy: OnBusy,
     pub hold_at_least: Option<Duration>,
     pub on_lost: OnLost,
+    pub fair: bool,
 }
 
 impl LockSpec {
@@ -65,6 +68,7 @@ impl LockSpec {
         on_busy: None,
         hold_at_least: None,
         on_lost: None,
+        fair: None,
         mode: None,
         policy: None,
         semaphore: None,
@@ -139,6 +143,11 @@ impl LockSpec {
         self
     }
 
+    pub const fn fair(mut self, on: bool) -> Self {
+        self.fair = Some(on);
+        self
+    }
+
     pub const fn mode(mut self, m: RwMode) -> Self {
         self.mode = Some(m);
         self
@@ -153,6 +162,7 @@ impl LockSpec {
         p.on_busy = self.on_busy;
         p.hold_at_least = self.hold_at_least;
         p.on_lost = self.on_lost;
+        p.fair = self.fair;
         p
     }
 
@@ -176,6 +186,7 @@ impl LockSpec {
             on_busy: p.on_busy.unwrap_or(OnBusy::Error),
             hold_at_least: p.hold_at_least,
             on_lost: p.on_lost.unwrap_or(OnLost::Cancel),
+            fair: p.fair.unwrap_or(false),
         };
         if r.ttl.is_zero() {
             return Err(LockError::Config(format!(
@@ -211,12 +222,20 @@ pub async fn run_locked<F: Future>(
                 .ttl(r.ttl)
                 .wait(r.wait)
                 .watchdog(r.watchdog)
+                .fair(r.fair)
                 .backend(r.backend.clone())
                 .metric_name(spec.metric_label());
             if let Some(h) = r.hold_at_least {
                 lock = lock.hold_at_least(h);
             }
             lock.acquire().await?
+        }
+        (Some(_), _) | (None, Some(_)) if r.fair => {
+            // Only a policy can bring it here: the attribute refuses it at compile time.
+            return Err(LockError::Config(format!(
+                "`{}`: `fair` is for locks, not a semaphore or a read-write lock, but its policy sets it",
+                spec.fn_name
+            )));
         }
         (Some((max, permits)), _) => {
             if r.hold_at_least.is_some() {

@@ -683,6 +683,12 @@ impl Env {
         }
     }
 
+    /// The `MemoryBackend` of a memory environment.
+    #[allow(dead_code)]
+    pub fn memory_backend(&self) -> &MemoryBackend {
+        self.mem.as_deref().expect("a memory environment")
+    }
+
     /// `Lock::new(name)` on this environment's backend.
     pub fn lock(&self, name: &str) -> Lock {
         Lock::new(name).with_backend(self.primary.clone())

@@ -4,6 +4,7 @@
 //! See [`ClusterBackend`].
 
 pub(crate) mod admin;
+mod fair;
 mod rw;
 mod semaphore;
 
@@ -242,6 +243,7 @@ impl ClusterBackendBuilder {
                 op_timeout: self.op_timeout,
                 retries: self.retries,
                 reaper: Arc::default(),
+                fair: Default::default(),
                 registration: Default::default(),
             }),
         })
@@ -289,6 +291,8 @@ struct Inner {
     retries: u32,
     /// Releases being retried in the background (see [`Reaper`]).
     reaper: Arc<Reaper>,
+    /// Owners of fair tries: their releases also leave the fair queue (see `redis/fair.rs`).
+    fair: super::redis::fair::FairOwners,
     /// When this process's holder identity is written next (see `redis::write_holder`).
     registration: crate::holder::Registration,
 }
@@ -889,6 +893,9 @@ impl ClusterBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> Result<Released, LockError> {
+        if self.inner.fair.contains(name, owner) {
+            return self.fair_release_once(name, owner, keep_for, all).await;
+        }
         let (mut con, sub) = self.conn(name)?;
         let keys = redis_keys(name);
         let keep = keep_for.filter(|d| !d.is_zero()).map(ms).unwrap_or(0);
@@ -1114,6 +1121,16 @@ impl Backend for ClusterBackend {
         })
     }
 
+    fn try_acquire_fair<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.fair_try_acquire(name, owner, ttl, heartbeat))
+    }
+
     fn watch<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
         Box::pin(self.watch_channel(name, redis_keys(name).channel))
     }
@@ -1295,6 +1312,8 @@ mod tests {
             ("acquire.lua", ACQUIRE_SRC, &*ACQUIRE),
             ("wake.lua", WAKE_SRC, &*WAKE),
             ("rw.lua", rw::RW_SRC, &*rw::RW),
+            ("fair_acquire.lua", fair::ACQUIRE_SRC, &*fair::ACQUIRE),
+            ("fair_release.lua", fair::RELEASE_SRC, &*fair::RELEASE),
         ] {
             assert!(
                 src.contains(PUBLISH_CALL),

@@ -1,7 +1,7 @@
 //! The in-memory backend: the same semantics as Redis inside one process.
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -40,6 +40,11 @@ pub struct MemoryBackend {
     waiters: Arc<WaitQueues>,
     /// Semaphores, apart from the locks (`memory/semaphore.rs`).
     sems: semaphore::Semaphores,
+    /// Fair locks' queues ([`crate::Lock::fair`]): by name, owners in arrival order with their
+    /// heartbeat deadline. Taken before `locks` when both are.
+    fair: Mutex<HashMap<String, VecDeque<(String, Instant)>>>,
+    /// Set at the first fair try: until then a release never looks at `fair`.
+    any_fair: AtomicBool,
 }
 
 impl Default for MemoryBackend {
@@ -62,6 +67,126 @@ impl MemoryBackend {
             next_token: AtomicU64::new(seed),
             waiters: WaitQueues::new(),
             sems: semaphore::Semaphores::default(),
+            fair: Mutex::new(HashMap::new()),
+            any_fair: AtomicBool::new(false),
+        }
+    }
+
+    fn fair_queues(&self) -> MutexGuard<'_, HashMap<String, VecDeque<(String, Instant)>>> {
+        self.fair.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// True when `name` is free now.
+    fn is_free(&self, name: &str, now: Instant) -> bool {
+        self.lock().get(name).is_none_or(|e| e.expires <= now)
+    }
+
+    /// A fair try (see [`Backend::try_acquire_fair`]).
+    fn try_acquire_fair_now(
+        &self,
+        name: &str,
+        owner: &str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> Acquired {
+        self.any_fair.store(true, Ordering::Release);
+        let now = Instant::now();
+        let mut fair = self.fair_queues();
+        let q = fair.entry(name.to_string()).or_default();
+        // Queued owners whose heartbeat ran out (dead or gone) leave from the head.
+        while q.front().is_some_and(|(o, dl)| o != owner && *dl <= now) {
+            q.pop_front();
+        }
+        let head = q.front().map(|(o, _)| o.clone());
+        let reentry = self
+            .lock()
+            .get(name)
+            .is_some_and(|e| e.expires > now && e.owner == owner);
+        if reentry || head.as_deref().is_none_or(|h| h == owner) {
+            let r = self.try_acquire_now(name, owner, ttl);
+            if let Acquired::Granted { .. } = r {
+                q.retain(|(o, _)| o != owner);
+                if q.is_empty() {
+                    fair.remove(name);
+                }
+                return r;
+            }
+            if let Some(e) = q.iter_mut().find(|(o, _)| o == owner) {
+                e.1 = now + heartbeat;
+            } else {
+                q.push_back((owner.to_string(), now + heartbeat));
+            }
+            return r;
+        }
+        let head_deadline = q.front().map(|(_, dl)| *dl);
+        if let Some(e) = q.iter_mut().find(|(o, _)| o == owner) {
+            e.1 = now + heartbeat;
+        } else {
+            q.push_back((owner.to_string(), now + heartbeat));
+        }
+        drop(fair);
+        let remaining = match self.lock().get(name) {
+            Some(e) if e.expires > now => e.expires - now,
+            // Free, but another waiter's turn: wake it (it may have missed the release), and
+            // look again when its heartbeat would run out.
+            _ => {
+                if let Some(h) = &head {
+                    self.waiters
+                        .wake_first_where(name, |o| o == Some(h.as_str()));
+                }
+                head_deadline.map_or(heartbeat, |d| d.saturating_duration_since(now))
+            }
+        };
+        Acquired::Busy {
+            remaining: Some(remaining),
+        }
+    }
+
+    /// Wakes the waiter whose turn it is after `name` was freed: the fair queue's first live
+    /// owner, else the first local waiter.
+    fn wake_next(&self, name: &str) {
+        if self.any_fair.load(Ordering::Acquire) {
+            let now = Instant::now();
+            let mut fair = self.fair_queues();
+            if let Some(q) = fair.get_mut(name) {
+                while q.front().is_some_and(|(_, dl)| *dl <= now) {
+                    q.pop_front();
+                }
+                if let Some((h, _)) = q.front() {
+                    let h = h.clone();
+                    drop(fair);
+                    self.waiters
+                        .wake_first_where(name, |o| o == Some(h.as_str()));
+                    return;
+                }
+                fair.remove(name);
+            }
+        }
+        self.waiters.wake_one(name);
+    }
+
+    /// Removes `owner` from `name`'s fair queue (a wait that ended without a grant); when the
+    /// name is free, the new head is woken.
+    fn leave_fair(&self, name: &str, owner: &str) {
+        if !self.any_fair.load(Ordering::Acquire) {
+            return;
+        }
+        let mut fair = self.fair_queues();
+        let Some(q) = fair.get_mut(name) else {
+            return;
+        };
+        let before = q.len();
+        q.retain(|(o, _)| o != owner);
+        if q.len() == before {
+            return;
+        }
+        let empty = q.is_empty();
+        if empty {
+            fair.remove(name);
+        }
+        drop(fair);
+        if !empty && self.is_free(name, Instant::now()) {
+            self.wake_next(name);
         }
     }
 
@@ -78,6 +203,12 @@ impl MemoryBackend {
     /// Number of callers waiting in this process.
     pub fn waiter_count(&self) -> usize {
         self.waiters.waiter_count()
+    }
+
+    /// Number of owners queued for the fair lock `name` ([`crate::Lock::fair`]), including any
+    /// whose heartbeat ran out but that no try or release has dropped yet.
+    pub fn fair_queue_len(&self, name: &str) -> usize {
+        self.fair_queues().get(name).map_or(0, VecDeque::len)
     }
 
     fn try_acquire_now(&self, name: &str, owner: &str, ttl: Duration) -> Acquired {
@@ -151,7 +282,7 @@ impl MemoryBackend {
                 // Free: kept as an expired entry so the next acquisition reuses it.
                 e.expires = now;
                 drop(map);
-                self.waiters.wake_one(name);
+                self.wake_next(name);
                 Released::Freed
             }
         }
@@ -206,7 +337,21 @@ impl Backend for MemoryBackend {
         keep_for: Option<Duration>,
         all: bool,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
+        if all {
+            self.leave_fair(name, owner);
+        }
         let r = self.release_now(name, owner, keep_for, all);
+        Box::pin(async move { Ok(r) })
+    }
+
+    fn try_acquire_fair<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let r = self.try_acquire_fair_now(name, owner, ttl, heartbeat);
         Box::pin(async move { Ok(r) })
     }
 

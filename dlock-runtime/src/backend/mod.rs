@@ -209,6 +209,33 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
+    /// A try of a fair lock ([`crate::Lock::fair`]): as [`Backend::try_acquire`], but waiters are
+    /// served in arrival order across processes. A busy answer leaves `owner` queued on the
+    /// store (at the back on its first try, in its place on later ones) with a heartbeat lease
+    /// of `heartbeat` from this try, judged by the store's clock; a grant goes only to the
+    /// queue's first live owner, or to anyone while nobody live is queued. A queued owner whose
+    /// heartbeat ran out (its process died, its tries stopped) is dropped from the queue by the
+    /// next try or release. The runtime tries again within `heartbeat / 2` while it waits, and
+    /// ends a wait that ends without a grant (deadline, dropped future) with
+    /// `release(name, owner, None, true)`, which must also remove `owner` from the queue.
+    /// A re-entry (the caller holds the name) is granted as by `try_acquire`.
+    ///
+    /// Default: the plain try when the backend already queues every contender in arrival order
+    /// ([`Backend::queues_contenders`]: ZooKeeper, etcd), else [`LockError::Unsupported`].
+    fn try_acquire_fair<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        let _ = heartbeat;
+        if self.queues_contenders() {
+            return self.try_acquire(name, owner, ttl);
+        }
+        Box::pin(async move { Err(LockError::unsupported(name, "fair locks")) })
+    }
+
     /// True when a try that was not granted can leave a release of its owner id still to run on
     /// the server after the try answered (Redlock: the clean-up of the nodes a busy try took
     /// runs in the background, its retries too, and one that timed out may be delivered late).

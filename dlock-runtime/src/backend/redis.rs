@@ -22,6 +22,7 @@ use tokio::time::Instant;
 use super::{Acquired, Backend, BoxFuture, Extended, Released, RwSide, Watch};
 
 pub(crate) mod admin;
+pub(crate) mod fair;
 mod rw;
 pub(crate) mod semaphore;
 use crate::holder::Registration;
@@ -158,6 +159,7 @@ impl RedisBackendBuilder {
                 conns: Mutex::new(Vec::new()),
                 refusal: RefusalGate::default(),
                 pins: Mutex::new(HashMap::new()),
+                fair: fair::FairOwners::default(),
                 reaper: Arc::default(),
                 registration: Registration::default(),
             }),
@@ -227,6 +229,8 @@ struct Inner {
     pins: Mutex<HashMap<(String, String), Vec<Pin>>>,
     /// Releases being retried in the background (see [`Reaper`]).
     reaper: Arc<Reaper>,
+    /// Owners of fair tries (see `redis/fair.rs`): their releases also leave the fair queue.
+    fair: fair::FairOwners,
     /// When this process's holder identity is written next (see [`write_holder`]).
     registration: Registration,
 }
@@ -595,6 +599,16 @@ pub(crate) fn on_release_message(
         }
         [b'o', owner @ ..] if channel.ends_with(key::RW_WRITERS_SUFFIX) => {
             queues.wake_owner(channel, &String::from_utf8_lossy(owner));
+            return;
+        }
+        // A fair lock's turn (fair_release.lua, fair_acquire.lua): only the waiter with that
+        // owner id, if it waits here; else a waiter that named no owner (a Sentinel backend's
+        // proxy, which wakes a waiter of its own).
+        [b'f', owner @ ..] if !owner.is_empty() => {
+            let owner = String::from_utf8_lossy(owner);
+            if !queues.wake_first_where(channel, |o| o == Some(owner.as_ref())) {
+                queues.wake_first_where(channel, |o| o.is_none());
+            }
             return;
         }
         _ => {}
@@ -1302,6 +1316,11 @@ impl RedisBackend {
         all: bool,
         publish: bool,
     ) -> Result<Released, LockError> {
+        if self.inner.fair.contains(name, owner) {
+            return self
+                .fair_release_once(name, owner, keep_for, all, publish)
+                .await;
+        }
         let (mut con, sub) = self.conn(name)?;
         let lock = key::lock_key(name);
         let channel = if publish {
@@ -1620,6 +1639,16 @@ impl Backend for RedisBackend {
             Ok((_, sub)) => sub.queues.has_waiters(&redis_keys(name).channel),
             Err(_) => false,
         }
+    }
+
+    fn try_acquire_fair<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(self.fair_try_acquire(name, owner, ttl, heartbeat))
     }
 
     // Semaphores: `redis/semaphore.rs`.

@@ -692,6 +692,23 @@ impl Backend for SentinelBackend {
         Box::pin(self.inner.acquire(name, owner, ttl))
     }
 
+    fn try_acquire_fair<'a>(
+        &'a self,
+        name: &'a str,
+        owner: &'a str,
+        ttl: Duration,
+        heartbeat: Duration,
+    ) -> BoxFuture<'a, Result<Acquired, LockError>> {
+        Box::pin(async move {
+            if self.inner.cfg.min_replicas.is_some() {
+                // The fair try sends no WAIT behind its grant.
+                return Err(LockError::unsupported(name, "fair locks with min_replicas"));
+            }
+            self.on_master(|b| async move { b.try_acquire_fair(name, owner, ttl, heartbeat).await })
+                .await
+        })
+    }
+
     fn release<'a>(
         &'a self,
         name: &'a str,

@@ -25,6 +25,13 @@ pub(crate) static FENCE: LazyLock<Script> =
 pub(crate) static RECORD: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("record.lua")));
 
+/// A fair lock's try (`Lock::fair`): arrival order, a heartbeat per queued owner.
+pub(crate) static FAIR_ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("fair_acquire.lua")));
+/// A fair lock's release (also a queued owner's leave).
+pub(crate) static FAIR_RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("fair_release.lua")));
+
 /// Every operation of a read-write lock (`RwLock`) on one name.
 pub(crate) static RW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("rw.lua")));
 

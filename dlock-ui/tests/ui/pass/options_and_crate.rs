@@ -10,6 +10,7 @@ use dlock::{LockError, distributed_lock};
     wait = "500ms",
     backend = "default",
     watchdog = true,
+    fair = true,
     on_busy = "error",
     hold_at_least = "1ms",
     on_lost = "continue",
