@@ -18,6 +18,7 @@
 //! cargo run --release --features mysql --example torture -- --engine mysql --secs 60
 //! cargo run --release --features cluster --example torture -- --engine cluster --secs 60
 //! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
+//! cargo run --release --example torture -- --workload election --secs 120   # leader election
 //! ```
 //!
 //! Engines (`--engine`): `redis` (default; one server behind the fault proxy: kill, stop,
@@ -63,6 +64,12 @@
 //! the nemesis kills or pauses (past the session timeout) holder processes and kills a follower,
 //! the leader or two members (the majority), restarting them after 1.5–3 s.
 //!
+//! `--workload election` (issue 22): one candidate per worker process runs `Election::run` on
+//! the chosen engine; each term does 2 to 7 epoch-fenced read-modify-writes of the fenced counter,
+//! then resigns, and a lost term's body is dropped by `run`. Terms are logged as holds (the epoch
+//! is the token), so every check above applies to them, and the resource server's log of accepted
+//! fenced writes proves that no write with a stale epoch was accepted (`stale writes accepted`).
+//!
 //! A worker is this same binary re-executed with `DLOCK_TORTURE_WORKER=1`.
 
 #[path = "torture/checker.rs"]
@@ -102,6 +109,10 @@ fn main() {
                     cfg.ttl_ms = 20;
                     cfg.body_us = 30_000;
                 }
+            }
+            "--workload" => {
+                cfg.workload =
+                    harness::Workload::parse(&val()).unwrap_or_else(|| usage("--workload"))
             }
             "--engine" => {
                 cfg.engine = harness::Engine::parse(&val()).unwrap_or_else(|| usage("--engine"))
@@ -153,9 +164,10 @@ fn main() {
                 std::process::exit(2)
             });
             println!(
-                "run: {} × {} tasks, mode {}, engine {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
+                "run: {} × {} tasks, workload {}, mode {}, engine {}, nemesis {}, {:.1} s wall, {} crashed, {} hung workers; logs in {}",
                 cfg.workers,
                 cfg.tasks,
+                cfg.workload.as_str(),
                 cfg.mode.as_str(),
                 if cfg.zookeeper {
                     "zookeeper"
@@ -229,7 +241,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+        "usage: torture [--workload lock|election] [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
          [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--min-replicas N] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)
