@@ -332,9 +332,15 @@ async fn child_main() {
                 }
             })
             .await;
-        if let Err(e) = r {
-            log.line(format!("run_err {e}"));
-            tokio::time::sleep(Duration::from_millis(100)).await;
+        match r {
+            // Resigned: step aside for a moment. A candidate that campaigns again at once can
+            // take the free name before the woken next candidate's try arrives (the Redis
+            // family's queue orders wake-ups, not grants), and would lead again.
+            Ok(()) => tokio::time::sleep(Duration::from_millis(500)).await,
+            Err(e) => {
+                log.line(format!("run_err {e}"));
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
         }
     }
 }
