@@ -803,6 +803,9 @@ async fn resign_hands_over(engine: Engine) {
     let mut handovers = Vec::new();
     for _ in 0..3 {
         run.writes(e, 3).await;
+        // The last resigner steps aside for 500 ms: let it queue again, so that the hand-over
+        // measured is to a waiting candidate.
+        tokio::time::sleep(Duration::from_millis(700)).await;
         let mut c = run.store.admin();
         let _: () = redis::cmd("SET")
             .arg("resign")
