@@ -134,7 +134,14 @@ impl Drop for Candidate {
 /// Lines from every candidate: (slot, generation, text).
 type Lines = mpsc::Sender<(usize, usize, String)>;
 
-fn spawn(engine: &str, url: &str, ttl: Duration, slot: usize, generation: usize, tx: &Lines) -> Candidate {
+fn spawn(
+    engine: &str,
+    url: &str,
+    ttl: Duration,
+    slot: usize,
+    generation: usize,
+    tx: &Lines,
+) -> Candidate {
     let mut cmd = Command::new(std::env::current_exe().unwrap());
     cmd.env(CHILD_ENV, "1")
         .env("FO_ENGINE", engine)
@@ -150,7 +157,9 @@ fn spawn(engine: &str, url: &str, ttl: Duration, slot: usize, generation: usize,
     std::thread::spawn(move || {
         for line in BufReader::new(out).lines().map_while(Result::ok) {
             if let Some(rest) = line.strip_prefix(LINE)
-                && tx.send((slot, generation, rest.trim().to_string())).is_err()
+                && tx
+                    .send((slot, generation, rest.trim().to_string()))
+                    .is_err()
             {
                 break;
             }

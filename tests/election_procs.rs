@@ -723,7 +723,10 @@ async fn paused_leader(engine: Engine, ttl: Duration) {
     // Let the resumed process run long enough to show a write it would still send.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let evs2 = run.events();
-    let end = evs.iter().find(|e| e.kind == "end" && e.epoch == e1).unwrap();
+    let end = evs
+        .iter()
+        .find(|e| e.kind == "end" && e.epoch == e1)
+        .unwrap();
     let sent_after: Vec<&Ev> = evs2
         .iter()
         .filter(|e| e.child == l1 && e.kind == "sent" && e.epoch == e1 && e.t >= t_cont)
@@ -774,7 +777,10 @@ async fn partitioned_leader(engine: Engine, ttl: Duration) {
                 .any(|e| e.child == l1 && e.kind == "end" && e.epoch == e1)
         })
         .await;
-    let end = evs.iter().find(|e| e.kind == "end" && e.epoch == e1).unwrap();
+    let end = evs
+        .iter()
+        .find(|e| e.kind == "end" && e.epoch == e1)
+        .unwrap();
     eprintln!(
         "[{}] partition: old leader's body dropped {:.0} ms after the cut, new leader {:.0} ms after (ttl {:?})",
         engine.as_str(),

@@ -494,9 +494,17 @@ fn torture_election_workload_with_nemesis() {
     let rep = &r.report;
     assert_eq!(r.hung, 0, "workers hung");
     assert_eq!(r.crashed, 0, "workers crashed");
-    assert!(rep.faults.len() >= 4, "too few faults: {}", rep.faults.len());
+    assert!(
+        rep.faults.len() >= 4,
+        "too few faults: {}",
+        rep.faults.len()
+    );
     // A stall, not a slow machine: a quiet run has ~10 terms a second.
-    assert!(rep.acquisitions >= 40, "too few terms: {}", rep.acquisitions);
+    assert!(
+        rep.acquisitions >= 40,
+        "too few terms: {}",
+        rep.acquisitions
+    );
     assert!(
         rep.resource.f_applied >= 80,
         "too few fenced writes: {}",

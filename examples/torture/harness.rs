@@ -987,9 +987,13 @@ impl Drop for TermEnd {
             return;
         }
         match self.resigning {
-            None => self.log.line(json!({"ev": "lost", "task": 0, "seq": self.seq, "t": mono(),
-                "reason": "term lost: run dropped the leader's body"})),
-            Some((t, dl)) => self.log.line(json!({"ev": "rel", "task": 0, "seq": self.seq,
+            None => self.log.line(
+                json!({"ev": "lost", "task": 0, "seq": self.seq, "t": mono(),
+                "reason": "term lost: run dropped the leader's body"}),
+            ),
+            Some((t, dl)) => self
+                .log
+                .line(json!({"ev": "rel", "task": 0, "seq": self.seq,
                 "t_send": t, "t_done": mono(), "rel": "not_owner", "dl": dl})),
         }
     }
