@@ -510,29 +510,32 @@ impl Run {
         assert_eq!(r, 0, "kill: {}", std::io::Error::last_os_error());
     }
 
-    /// The store's write attempts in server order: (epoch, writer).
-    fn attempts(&self, key: &str) -> Vec<(u64, String)> {
+    /// The store's write attempts and accepted writes, in server order, read in one
+    /// transaction (the leaders go on writing): (epoch, writer) each.
+    fn store_logs(&self) -> (Vec<(u64, String)>, Vec<(u64, String)>) {
         let mut c = self.store.admin();
-        let v: Vec<String> = redis::cmd("LRANGE")
-            .arg(key)
-            .arg(0)
-            .arg(-1)
+        let (attempts, accepted): (Vec<String>, Vec<String>) = redis::pipe()
+            .atomic()
+            .lrange("attempts", 0, -1)
+            .lrange("accepted", 0, -1)
             .query(&mut c)
             .unwrap();
-        v.iter()
-            .map(|s| {
-                let (e, w) = s.split_once(' ').unwrap();
-                (e.parse().unwrap(), w.to_string())
-            })
-            .collect()
+        let parse = |v: Vec<String>| -> Vec<(u64, String)> {
+            v.iter()
+                .map(|s| {
+                    let (e, w) = s.split_once(' ').unwrap();
+                    (e.parse().unwrap(), w.to_string())
+                })
+                .collect()
+        };
+        (parse(attempts), parse(accepted))
     }
 
     /// One leader at a time, as the store saw it: the number of attempts whose epoch is below
     /// one attempted before (a write of an older leader after a newer one's). The accepted
     /// writes must never go back (the fence), and every attempt is either accepted or stale.
     fn stale_attempts(&self) -> Vec<(u64, String)> {
-        let attempts = self.attempts("attempts");
-        let accepted = self.attempts("accepted");
+        let (attempts, accepted) = self.store_logs();
         let mut max = 0;
         let mut stale = Vec::new();
         for a in &attempts {
