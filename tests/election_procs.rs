@@ -349,6 +349,9 @@ async fn child_main() {
 // The parent: a run of candidates and its checks
 // ---------------------------------------------------------------------------------------------
 
+/// A write in the store's logs: (epoch, writer:seq).
+type Write = (u64, String);
+
 #[derive(Debug, Clone)]
 struct Ev {
     child: usize,
@@ -512,7 +515,7 @@ impl Run {
 
     /// The store's write attempts and accepted writes, in server order, read in one
     /// transaction (the leaders go on writing): (epoch, writer) each.
-    fn store_logs(&self) -> (Vec<(u64, String)>, Vec<(u64, String)>) {
+    fn store_logs(&self) -> (Vec<Write>, Vec<Write>) {
         let mut c = self.store.admin();
         let (attempts, accepted): (Vec<String>, Vec<String>) = redis::pipe()
             .atomic()
@@ -520,7 +523,7 @@ impl Run {
             .lrange("accepted", 0, -1)
             .query(&mut c)
             .unwrap();
-        let parse = |v: Vec<String>| -> Vec<(u64, String)> {
+        let parse = |v: Vec<String>| -> Vec<Write> {
             v.iter()
                 .map(|s| {
                     let (e, w) = s.split_once(' ').unwrap();
@@ -534,7 +537,7 @@ impl Run {
     /// One leader at a time, as the store saw it: the number of attempts whose epoch is below
     /// one attempted before (a write of an older leader after a newer one's). The accepted
     /// writes must never go back (the fence), and every attempt is either accepted or stale.
-    fn stale_attempts(&self) -> Vec<(u64, String)> {
+    fn stale_attempts(&self) -> Vec<Write> {
         let (attempts, accepted) = self.store_logs();
         let mut max = 0;
         let mut stale = Vec::new();
