@@ -20,6 +20,7 @@
 //! cargo run --release --example torture -- --mode noreturn --no-nemesis --secs 10  # orphans
 //! cargo run --release --example torture -- --workload semaphore --sem-max 3 --secs 120
 //! cargo run --release --example torture -- --workload rw --secs 120
+//! cargo run --release --example torture -- --workload election --secs 120   # leader election
 //! ```
 //!
 //! Workloads (`--workload`, issue 21): `lock` (default), `semaphore` (every task takes one
@@ -75,6 +76,12 @@
 //! ZooKeeper ensemble (Debian's jars) instead of Redis; each worker's session timeout is the ttl;
 //! the nemesis kills or pauses (past the session timeout) holder processes and kills a follower,
 //! the leader or two members (the majority), restarting them after 1.5–3 s.
+//!
+//! `--workload election` (issue 22): one candidate per worker process runs `Election::run` on
+//! the chosen engine; each term does 2 to 7 epoch-fenced read-modify-writes of the fenced counter,
+//! then resigns, and a lost term's body is dropped by `run`. Terms are logged as holds (the epoch
+//! is the token), so every check above applies to them, and the resource server's log of accepted
+//! fenced writes proves that no write with a stale epoch was accepted (`stale writes accepted`).
 //!
 //! A worker is this same binary re-executed with `DLOCK_TORTURE_WORKER=1`.
 
@@ -149,8 +156,10 @@ fn main() {
             other => usage(&format!("unknown argument {other}")),
         }
     }
-    if cfg.workload != harness::Workload::Lock
-        && (cfg.zookeeper || !harness::engine_supported(cfg.engine))
+    if matches!(
+        cfg.workload,
+        harness::Workload::Semaphore | harness::Workload::Rw
+    ) && (cfg.zookeeper || !harness::engine_supported(cfg.engine))
     {
         usage("--workload semaphore|rw runs on --engine redis, sentinel or cluster");
     }
@@ -256,7 +265,7 @@ fn usage(msg: &str) -> ! {
         eprintln!("torture: {msg}");
     }
     eprintln!(
-        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workload lock|semaphore|rw] [--sem-max N] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
+        "usage: torture [--engine redis|redlock|sentinel|etcd|postgres|pg-advisory|mysql|cluster] [--workload lock|semaphore|rw|election] [--sem-max N] [--workers K] [--tasks T] [--secs S | --duration 10m] [--no-nemesis] [--ttl-ms MS] [--wait-ms MS] \
          [--body-us US] [--mode dlock|noexclude|norenew|noreturn] [--give-back-ms MS] [--clock-offsets-ms A,B,..] [--min-replicas N] [--zookeeper] [--dir DIR] [--seed N] [--quiet] [--check DIR]"
     );
     std::process::exit(2)

@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::counting::CountTries;
 use common::Env;
+use common::counting::CountTries;
 use dlock::{Election, LockError, LostReason};
 
 both_backends!(
@@ -26,7 +26,6 @@ both_backends!(
     once_returns_after_a_lost_term_and_without_it_run_campaigns_again,
     a_record_above_every_new_epoch_ends_the_campaign_with_an_error_not_a_loop,
 );
-
 
 /// A resource that refuses a write with an epoch below the highest it has seen, and logs the
 /// writes it accepted.

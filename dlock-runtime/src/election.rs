@@ -265,8 +265,9 @@ impl Election {
 
     /// The current leader as followers see it: a stream of [`Leader`]s, one each time the
     /// leader record changes (a new term, or a new value proclaimed), read every
-    /// [`Election::observe_every`]. Epochs never go back along the stream. A term that begins
-    /// and ends between two reads is not seen. The record is not deleted when a term ends: the
+    /// [`Election::observe_every`]. Epochs never go back along the stream. A change is seen at
+    /// most `observe_every` plus one read after it was written, so every term longer than that
+    /// is seen, in order; a term that begins and ends between two reads is not seen. The record is not deleted when a term ends: the
     /// last leader is shown until the next one writes (`dlock leader NAME` shows the lease).
     ///
     /// A backend error is an `Err` item and the stream goes on reading; on a backend without

@@ -144,6 +144,9 @@ pub(crate) struct Resource {
     /// Fenced counter, and how many fenced writes the server applied (its own append log).
     pub(crate) f_counter: u64,
     pub(crate) f_applied: u64,
+    /// Fenced writes the server accepted with a token below one it had accepted before (from
+    /// its log of accepted tokens): a stale writer got through the fence. Must be 0.
+    pub(crate) f_stale_accepted: u64,
     /// Unfenced counter and applied unfenced writes.
     pub(crate) u_counter: u64,
     pub(crate) u_applied: u64,
@@ -284,6 +287,7 @@ impl Report {
     pub(crate) fn fenced_safety_ok(&self) -> bool {
         self.count(OverlapClass::UnnoticedFenced) == 0
             && self.lost_updates_fenced == 0
+            && self.resource.f_stale_accepted == 0
             && self.token_order_violations == 0
             && self.token_duplicates == 0
             && self.lease_violations == 0
@@ -321,6 +325,11 @@ impl fmt::Display for Report {
             f,
             "lost updates          fenced {}, unfenced {}",
             self.lost_updates_fenced, self.lost_updates_unfenced
+        )?;
+        writeln!(
+            f,
+            "stale writes accepted {} (fenced writes the server took with a token below an earlier one's)",
+            self.resource.f_stale_accepted
         )?;
         writeln!(
             f,
@@ -475,6 +484,7 @@ pub(crate) fn load(dir: &Path) -> std::io::Result<Input> {
             input.resource = Resource {
                 f_counter: u(&v, "f_counter").unwrap_or(0),
                 f_applied: u(&v, "f_applied").unwrap_or(0),
+                f_stale_accepted: u(&v, "f_stale_accepted").unwrap_or(0),
                 u_counter: u(&v, "u_counter").unwrap_or(0),
                 u_applied: u(&v, "u_applied").unwrap_or(0),
             };

@@ -116,7 +116,7 @@ impl ClusterSet {
     /// Index of the master serving the lock's slot, and of its replica.
     fn lock_master(&self) -> Option<(usize, Option<usize>)> {
         let slot = self.nodes[0]
-            .cmd(&["CLUSTER", "KEYSLOT", LOCK_HASH])
+            .cmd(&["CLUSTER", "KEYSLOT", lock_hash()])
             .ok()?
             .as_i64()?;
         for n in &self.nodes {

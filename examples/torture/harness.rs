@@ -33,6 +33,68 @@ mod proxy;
 /// The lock every worker contends for, and its Redis hash.
 pub(crate) const LOCK_NAME: &str = "torture";
 const LOCK_HASH: &str = "dlock:{torture}";
+/// The election workload's lock (`Election::new(LOCK_NAME)` campaigns for `election:torture`)
+/// and its Redis hash.
+const ELECTION_LOCK_NAME: &str = "election:torture";
+const ELECTION_LOCK_HASH: &str = "dlock:{election:torture}";
+
+/// What the workers do (`--workload`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Workload {
+    /// Every task takes the lock in a loop (the default).
+    Lock,
+    /// Every task takes one permit of a semaphore of `--sem-max` permits.
+    Semaphore,
+    /// A quarter of the tasks write (half of their holds downgrade), the rest read.
+    Rw,
+    /// One candidate per process runs `Election::run`: each term does a few epoch-fenced
+    /// read-modify-writes of the fenced counter, then resigns; a lost term's body is dropped by
+    /// `run`. Logged as holds (the term's epoch is the token), so the checker judges terms as it
+    /// judges holds; the resource server's log of accepted fenced writes proves no stale epoch
+    /// was accepted.
+    Election,
+}
+
+impl Workload {
+    pub(crate) fn parse(s: &str) -> Option<Workload> {
+        match s {
+            "lock" => Some(Workload::Lock),
+            "semaphore" => Some(Workload::Semaphore),
+            "rw" => Some(Workload::Rw),
+            "election" => Some(Workload::Election),
+            _ => None,
+        }
+    }
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Workload::Lock => "lock",
+            Workload::Semaphore => "semaphore",
+            Workload::Rw => "rw",
+            Workload::Election => "election",
+        }
+    }
+}
+
+/// Set once per process (coordinator or worker) when the workload is an election.
+static ELECTION_WORKLOAD: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The name of the lock the workers contend for under this process's workload.
+pub(crate) fn lock_name() -> &'static str {
+    if ELECTION_WORKLOAD.load(Ordering::Relaxed) {
+        ELECTION_LOCK_NAME
+    } else {
+        LOCK_NAME
+    }
+}
+
+/// Its Redis hash.
+pub(crate) fn lock_hash() -> &'static str {
+    if ELECTION_WORKLOAD.load(Ordering::Relaxed) {
+        ELECTION_LOCK_HASH
+    } else {
+        LOCK_HASH
+    }
+}
 /// The environment variable that turns a process into a worker.
 pub(crate) const WORKER_ENV: &str = "DLOCK_TORTURE_WORKER";
 
@@ -366,12 +428,16 @@ redis.call('SET', KEYS[1], ARGV[1])
 return tonumber(redis.call('GET', KEYS[2]) or '0')";
 /// Fenced write: the same check, then the write, appended to the server's own log of applied
 /// writes (the ground truth for lost updates). Returns 1 when accepted, 0 when refused.
+///
+/// The token of each accepted write goes to a second log (`res:f:tokens`), from which the run
+/// proves that no write with a token below one accepted before it was accepted.
 const FWRITE: &str = r"
 local m = redis.call('GET', KEYS[1])
 if m and tonumber(m) > tonumber(ARGV[1]) then return 0 end
 redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('RPUSH', KEYS[4], ARGV[1])
 return 1";
 /// Unfenced write, with the same applied-writes log.
 const UWRITE: &str = r"
@@ -381,6 +447,7 @@ return 1";
 const F_MAX: &str = "res:f:max";
 const F_COUNTER: &str = "res:f:counter";
 const F_LOG: &str = "res:f:log";
+const F_TOKENS: &str = "res:f:tokens";
 const U_COUNTER: &str = "res:u:counter";
 const U_LOG: &str = "res:u:log";
 
@@ -537,33 +604,6 @@ impl Mode {
             Mode::NoExclude => "noexclude",
             Mode::NoRenew => "norenew",
             Mode::NoReturn => "noreturn",
-        }
-    }
-}
-
-/// What the workers take (`--workload`): the lock, a semaphore of `--sem-max` permits (one per
-/// hold), or the read-write lock (a quarter of the tasks write, half of their holds downgrade).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Workload {
-    Lock,
-    Semaphore,
-    Rw,
-}
-
-impl Workload {
-    pub(crate) fn parse(s: &str) -> Option<Workload> {
-        match s {
-            "lock" => Some(Workload::Lock),
-            "semaphore" => Some(Workload::Semaphore),
-            "rw" => Some(Workload::Rw),
-            _ => None,
-        }
-    }
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Workload::Lock => "lock",
-            Workload::Semaphore => "semaphore",
-            Workload::Rw => "rw",
         }
     }
 }
@@ -741,6 +781,13 @@ async fn worker(log: Arc<Log>) -> i32 {
     let workload = Workload::parse(&std::env::var("TORTURE_WORKLOAD").unwrap_or_default())
         .unwrap_or(Workload::Lock);
     log.line(json!({"ev": "hello", "pid": std::process::id(), "prefix": prefix, "t": mono(), "mode": mode.as_str(), "workload": workload.as_str()}));
+    ELECTION_WORKLOAD.store(workload == Workload::Election, Ordering::Relaxed);
+    let election = dlock::Election::new(LOCK_NAME)
+        .ttl(ttl)
+        .wait(wait)
+        .value(prefix.clone())
+        .with_backend(backend.clone())
+        .once();
     let ctx = Arc::new(Ctx {
         lock: Lock::new(LOCK_NAME)
             .ttl(ttl)
@@ -760,6 +807,12 @@ async fn worker(log: Arc<Log>) -> i32 {
         seed: mono() ^ ((std::process::id() as u64) << 32),
         mode,
     });
+    if workload == Workload::Election {
+        return match tokio::spawn(election_loop(ctx, election)).await {
+            Ok(()) => 0,
+            Err(_) => 101,
+        };
+    }
     let handles: Vec<_> = (0..tasks)
         .map(|t| tokio::spawn(task_loop(ctx.clone(), t)))
         .collect();
@@ -846,7 +899,7 @@ fn deadline_of(g: &LockGuard) -> Option<u64> {
 }
 
 async fn task_loop(ctx: Arc<Ctx>, task: u64) {
-    if ctx.workload != Workload::Lock {
+    if matches!(ctx.workload, Workload::Semaphore | Workload::Rw) {
         return prims::task_loop(ctx, task).await;
     }
     let mut rng = Rng::new(ctx.seed ^ (task + 1).wrapping_mul(0x1234_5678_9ABC));
@@ -906,6 +959,147 @@ async fn task_loop(ctx: Arc<Ctx>, task: u64) {
     }
 }
 
+/// The election workload's candidate (one per process): campaigns (`Election::run`, once per
+/// term, so that each term is logged as a hold of task 0 with the epoch as its token) until the
+/// end of the run.
+async fn election_loop(ctx: Arc<Ctx>, election: dlock::Election) {
+    let mut rng = Rng::new(ctx.seed ^ 0xE1EC_7104);
+    let end = tokio::time::Instant::now() + Duration::from_nanos(ctx.end.saturating_sub(mono()));
+    let mut seq = 0u64;
+    while mono() < ctx.end {
+        seq += 1;
+        let (s, t_send, term_seed) = (seq, mono(), rng.next());
+        let run = election.run(|term| {
+            let ctx = ctx.clone();
+            async move { term_body(&ctx, term, s, t_send, term_seed).await }
+        });
+        let r = tokio::select! {
+            r = run => r,
+            _ = tokio::time::sleep_until(end) => break,
+        };
+        match r {
+            // Resigned, or lost (the body's marker logged it).
+            Ok(()) | Err(LockError::Lost { .. }) => {}
+            Err(e) => {
+                ctx.log
+                    .line(json!({"ev": "err", "t": mono(), "task": null, "what": e.to_string()}));
+                if !matches!(e, LockError::TimedOut { .. } | LockError::Busy { .. }) {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+    }
+}
+
+/// The term's deadline on the `mono()` clock (see [`deadline_of`]).
+fn term_deadline(t: &dlock::Term) -> Option<u64> {
+    let now = mono();
+    let rem = t.remaining();
+    (!rem.is_zero()).then(|| now + rem.as_nanos() as u64)
+}
+
+/// Logs the end of a term's body when `run` drops it: `lost` when it was cancelled while
+/// working, or the `rel` of a resign cut short (the term was lost while resigning).
+struct TermEnd {
+    log: Arc<Log>,
+    seq: u64,
+    /// Set when the resign was sent: `(t_send, deadline then)`.
+    resigning: Option<(u64, Option<u64>)>,
+    done: bool,
+}
+
+impl Drop for TermEnd {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        match self.resigning {
+            None => self.log.line(
+                json!({"ev": "lost", "task": 0, "seq": self.seq, "t": mono(),
+                "reason": "term lost: run dropped the leader's body"}),
+            ),
+            Some((t, dl)) => self
+                .log
+                .line(json!({"ev": "rel", "task": 0, "seq": self.seq,
+                "t_send": t, "t_done": mono(), "rel": "not_owner", "dl": dl})),
+        }
+    }
+}
+
+/// One term: 2 to 7 epoch-fenced read-modify-writes of the fenced counter (each checked
+/// against the term's own deadline before the write, as a leader should), then `resign`.
+async fn term_body(ctx: &Ctx, term: dlock::Term, seq: u64, t_send: u64, seed: u64) {
+    let mut rng = Rng::new(seed);
+    let t_ok = mono();
+    let epoch = term.epoch();
+    ctx.log.line(
+        json!({"ev": "acq", "task": 0, "seq": seq, "token": epoch, "owner": term.value(),
+        "t_send": t_send, "t_ok": t_ok, "dl": term_deadline(&term)}),
+    );
+    let mut end = TermEnd {
+        log: ctx.log.clone(),
+        seq,
+        resigning: None,
+        done: false,
+    };
+    let token = epoch.to_string();
+    let op = |kind: &str, accepted: bool, t: u64, dl: Option<u64>| {
+        ctx.log.line(
+            json!({"ev": "op", "task": 0, "seq": seq, "kind": kind, "fenced": true,
+            "accepted": accepted, "t": t, "t_done": mono(), "dl": dl}),
+        );
+    };
+    let mut res = ctx.res.clone();
+    for _ in 0..rng.range(2, 8) {
+        if mono() >= ctx.end {
+            break;
+        }
+        let (t, dl) = (mono(), term_deadline(&term));
+        let r: redis::RedisResult<i64> = redis::Script::new(FREAD)
+            .key(F_MAX)
+            .key(F_COUNTER)
+            .arg(&token)
+            .invoke_async(&mut res)
+            .await;
+        let Ok(v) = r else { break };
+        op("fread", v >= 0, t, dl);
+        if v < 0 {
+            break;
+        }
+        pause(&mut rng, ctx.body_us).await;
+        if term.remaining().is_zero() {
+            ctx.log
+                .line(json!({"ev": "invalid", "task": 0, "seq": seq, "t": mono()}));
+            break;
+        }
+        let (t, dl) = (mono(), term_deadline(&term));
+        let r: redis::RedisResult<i64> = redis::Script::new(FWRITE)
+            .key(F_MAX)
+            .key(F_COUNTER)
+            .key(F_LOG)
+            .key(F_TOKENS)
+            .arg(&token)
+            .arg(v + 1)
+            .invoke_async(&mut res)
+            .await;
+        let Ok(acc) = r else { break };
+        op("fwrite", acc == 1, t, dl);
+        if acc != 1 {
+            break;
+        }
+        pause(&mut rng, ctx.body_us).await;
+    }
+    let (t_rel, dl) = (mono(), term_deadline(&term));
+    end.resigning = Some((t_rel, dl));
+    let rel = match term.resign().await {
+        Ok(()) => "ok",
+        Err(LockError::NotOwner { .. } | LockError::Lost { .. }) => "not_owner",
+        Err(_) => "err",
+    };
+    end.done = true;
+    ctx.log.line(json!({"ev": "rel", "task": 0, "seq": seq, "t_send": t_rel, "t_done": mono(), "rel": rel, "dl": dl}));
+}
+
 /// The critical section: a fenced read-modify-write of one counter, then an unfenced one of
 /// another, each read → yield + random pause → validity check → write.
 async fn body(
@@ -950,6 +1144,7 @@ async fn body(
         .key(F_MAX)
         .key(F_COUNTER)
         .key(F_LOG)
+        .key(F_TOKENS)
         .arg(&token)
         .arg(v + 1)
         .invoke_async(res)
@@ -1865,7 +2060,7 @@ mod zkens {
         /// from the leader's `dump`.
         pub(crate) fn holder_session(&self) -> Option<String> {
             let dump = four_letter(self.ports[self.leader()?].0, "dump")?;
-            let dir = format!("/dlock/{LOCK_NAME}/");
+            let dir = format!("/dlock/{}/", lock_name());
             let mut session = None;
             let mut best: Option<(u64, String)> = None;
             for line in dump.lines() {
@@ -2076,6 +2271,7 @@ fn start_engine(cfg: &RunCfg) -> io::Result<Engineset> {
 /// checker on the logs in `cfg.dir`.
 pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     let started = std::time::Instant::now();
+    ELECTION_WORKLOAD.store(cfg.workload == Workload::Election, Ordering::Relaxed);
     std::fs::create_dir_all(&cfg.dir)?;
     for e in std::fs::read_dir(&cfg.dir)? {
         let p = e?.path();
@@ -2196,7 +2392,22 @@ pub(crate) fn run(cfg: &RunCfg, cmd: &WorkerCmd) -> io::Result<RunResult> {
     let returned = prims::all_returned(cfg, &co.lock_url);
     // `t_stop` (workers stop asking) and the give-back bound let the checker judge orphans,
     // also when it re-checks these logs later.
+    // Fenced writes accepted with a token below one accepted before them (the fence's own
+    // log, in the server's order): must be none.
+    let tokens: Vec<u64> = match res_srv.cmd(&["LRANGE", F_TOKENS, "0", "-1"]) {
+        Ok(r) => r.strings().iter().filter_map(|t| t.parse().ok()).collect(),
+        Err(_) => Vec::new(),
+    };
+    let mut max = 0;
+    let mut stale_accepted = 0u64;
+    for t in &tokens {
+        if *t < max {
+            stale_accepted += 1;
+        }
+        max = max.max(*t);
+    }
     let resource = json!({"f_counter": get(F_COUNTER), "f_applied": len(F_LOG),
+        "f_stale_accepted": stale_accepted, "f_tokens_logged": tokens.len(),
         "u_counter": get(U_COUNTER), "u_applied": len(U_LOG), "t_end": mono(), "t_stop": end,
         "give_back_ns": cfg.give_back_ms * 1_000_000, "workload": cfg.workload.as_str(),
         "sem_max": cfg.sem_max, "wait_ns": cfg.wait_ms * 1_000_000, "returned": returned});

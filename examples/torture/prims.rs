@@ -244,8 +244,8 @@ pub(super) async fn task_loop(ctx: Arc<Ctx>, task: u64) {
 /// or `None` when the server did not answer.
 pub(super) fn holder_owners(workload: Workload, node: &RedisServer) -> Option<Vec<String>> {
     match workload {
-        Workload::Lock => node
-            .cmd(&["HKEYS", super::LOCK_HASH])
+        Workload::Lock | Workload::Election => node
+            .cmd(&["HKEYS", super::lock_hash()])
             .ok()
             .map(|r| r.strings()),
         Workload::Semaphore => node
@@ -278,7 +278,7 @@ pub(crate) fn engine_supported(engine: Engine) -> bool {
 /// After the workers are gone: are all `max` permits (semaphore) or the write side (rw) free
 /// within ttl + 2 s? `None` for the lock workload (its orphan check covers it).
 pub(super) fn all_returned(cfg: &RunCfg, lock_url: &str) -> Option<bool> {
-    if cfg.workload == Workload::Lock {
+    if !matches!(cfg.workload, Workload::Semaphore | Workload::Rw) {
         return None;
     }
     let rt = tokio::runtime::Builder::new_current_thread()
