@@ -773,10 +773,7 @@ pub(crate) fn analyse(mut input: Input, ttl_ns: u64) -> Report {
             // that undid 138 of the successors' increments, and one answered 2.8 s after it was
             // logged as sent that undid 156. Both are the unfenced-write risk fencing closes
             // (RELIABILITY.md FM1), and every unfenced lost update must be explained by one.
-            let class = if late
-                .iter()
-                .any(|o| !o.fenced && o.is_write() && o.accepted)
-            {
+            let class = if late.iter().any(|o| !o.fenced && o.is_write() && o.accepted) {
                 OverlapClass::UnnoticedUnfenced
             } else if late
                 .iter()
