@@ -549,7 +549,12 @@ fn checker_explains_a_stopped_holders_late_answered_write() {
     let r = checker::analyse(input, 1000 * MS);
     assert_eq!(r.lost_updates_unfenced, 3);
     assert_eq!(r.lease_violations, 0);
-    assert_eq!(r.count(OverlapClass::UnnoticedUnfenced), 3, "{:?}", r.overlaps);
+    assert_eq!(
+        r.count(OverlapClass::UnnoticedUnfenced),
+        3,
+        "{:?}",
+        r.overlaps
+    );
     assert!(r.lost_updates_unfenced <= r.count(OverlapClass::UnnoticedUnfenced) as i64);
 }
 
