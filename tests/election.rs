@@ -1,7 +1,7 @@
 //! The election suite (issue 22), written once and run on every engine by `both_backends!`
 //! (`on_redis::x`, `on_memory::x`, `on_postgres::x`, ...): one leader at a time with
-//! epoch-fenced writes, a leader that stops renewing replaced within its ttl with its work
-//! cancelled first, `resign` handing over at once, a stale leader's `proclaim` refused,
+//! epoch-fenced writes, a leader that stops renewing cancelled at its deadline and replaced
+//! within its ttl but not before that deadline, `resign` handing over at once, a stale leader's `proclaim` refused,
 //! observers seeing every change of leader in order, and `run`'s `.once()`.
 //!
 //! Candidates are separate clients of the store (`Env::another_backend`: own connections or
@@ -128,9 +128,17 @@ async fn one_leader_at_a_time_and_epoch_fenced_writes_never_interleave(env: Env)
 }
 
 /// A leads with a 1 s ttl, then stops renewing (its renewals go unanswered: a paused or
-/// partitioned leader whose store stays up). A's `run` future is dropped at its own deadline,
-/// no later than the store can hand the term on, and B, waiting, wins within the bound with a
-/// larger epoch. A's `run` (`.once()`) returns `Lost`.
+/// partitioned leader whose store stays up). A's `run` future is dropped once its own deadline
+/// passes (not before: no false loss; and within a bound that only catches a hang), and B,
+/// waiting, wins within the bound with a larger epoch, never before A's deadline (its lease
+/// ends on the store no earlier). A's `run` (`.once()`) returns `Lost`.
+///
+/// Both are judged against A's deadline, not against each other: A's body is dropped when its
+/// task next runs after the deadline's timer fires, and B's win is seen when B's task runs after
+/// the store's grant. On the memory engine the lease ends microseconds after A's deadline, so
+/// which of the two tasks a loaded scheduler runs first says nothing about the library (the
+/// old `B won after A's body was dropped` failed that way); across processes no lock can order
+/// them, which is what the epoch is for.
 async fn a_leader_that_stops_renewing_is_cancelled_then_replaced_within_its_ttl(env: Env) {
     let name = "stalled-leader";
     let ttl = Duration::from_secs(1);
@@ -141,6 +149,9 @@ async fn a_leader_that_stops_renewing_is_cancelled_then_replaced_within_its_ttl(
         .once();
     let (a_epoch_tx, a_epoch_rx) = tokio::sync::oneshot::channel();
     let cancelled_at = Arc::new(Mutex::new(None::<Instant>));
+    // A's deadline as its body sees it: `now + remaining()`, `now` read first, so a sample is
+    // never later than the true deadline; the latest sample is A's last known deadline.
+    let a_deadline = Arc::new(Mutex::new(None::<Instant>));
     struct OnDrop(Arc<Mutex<Option<Instant>>>);
     impl Drop for OnDrop {
         fn drop(&mut self) {
@@ -148,15 +159,24 @@ async fn a_leader_that_stops_renewing_is_cancelled_then_replaced_within_its_ttl(
         }
     }
     let c = cancelled_at.clone();
+    let d = a_deadline.clone();
     let a_run = tokio::spawn(async move {
         let mut tx = Some(a_epoch_tx);
         a.run(move |term| {
             let marker = OnDrop(c.clone());
+            let d = d.clone();
             let _ = tx.take().map(|tx| tx.send(term.epoch()));
             async move {
-                let _term = term;
                 let _marker = marker;
-                std::future::pending::<()>().await
+                loop {
+                    let now = Instant::now();
+                    let rem = term.remaining();
+                    if !rem.is_zero() {
+                        let mut d = d.lock().unwrap();
+                        *d = (*d).max(Some(now + rem));
+                    }
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
             }
         })
         .await
@@ -192,6 +212,12 @@ async fn a_leader_that_stops_renewing_is_cancelled_then_replaced_within_its_ttl(
         "{a_out:?}"
     );
     let cancelled = cancelled_at.lock().unwrap().expect("A's body was dropped");
+    let a_deadline = a_deadline.lock().unwrap().expect("A's body saw its lease");
+    assert!(
+        cancelled >= a_deadline,
+        "A's body was dropped {:?} before its deadline",
+        a_deadline.duration_since(cancelled)
+    );
     // A's deadline is at most one ttl after its last confirmed renewal, which came before the
     // stall.
     assert!(
@@ -203,10 +229,11 @@ async fn a_leader_that_stops_renewing_is_cancelled_then_replaced_within_its_ttl(
         .await
         .expect("B won within 10 s of the stall")
         .unwrap();
+    // B's grant came before B saw it; A's lease on the store ended no earlier than A's deadline.
     assert!(
-        b_won >= cancelled,
-        "B led {:?} before A's body was cancelled",
-        cancelled.duration_since(b_won)
+        b_won >= a_deadline,
+        "B led {:?} before A's deadline",
+        a_deadline.duration_since(b_won)
     );
     // Redis family, memory, lock tables: the lease's ttl; session engines: A's deadline, then
     // the runtime's give-back. Generous: it catches a hang or a wait for a whole session.

@@ -483,6 +483,11 @@ fn checker_classifies_overlaps() {
     let mut unanswered = op("uwrite", true, 15 * MS);
     unanswered.t_done = checker::NO_REPLY;
     assert_eq!(class(vec![unanswered]), OverlapClass::UnnoticedUnfenced);
+    // Sent at 15 ms and answered at 25 ms, after b's grant (its holder was stopped with the
+    // write on its way and sent it on resuming): it too may have landed inside b's hold.
+    let mut answered_late = op("uwrite", true, 15 * MS);
+    answered_late.t_done = 25 * MS;
+    assert_eq!(class(vec![answered_late]), OverlapClass::UnnoticedUnfenced);
     assert_eq!(
         class(vec![op("fwrite", false, 30 * MS)]),
         OverlapClass::Fenced
@@ -499,6 +504,58 @@ fn checker_classifies_overlaps() {
     // b's grant at 20 ms came before a's own deadline (1,010 ms) while a had not released.
     assert_eq!(r.lease_violations, 1);
     assert!(!r.fenced_safety_ok());
+}
+
+/// The short nemesis run's failure, in small: holder a checks its lease (valid, deadline
+/// 1,000 ms) and logs its unfenced write as sent at 300 ms, and is SIGSTOPped before the write
+/// leaves; b1..b3 are granted after a's deadline and each adds one; a resumes at 3,140 ms, its
+/// `lost()` fires, and its write (read before the stop) goes out and is answered, setting the
+/// counter back: 3 lost updates. The overlaps must explain them (3 unnoticed unfenced ones),
+/// and the lease was kept (no grant before a's deadline): a lease lock cannot stop a write
+/// already on its way when its process is paused; the fence can (RELIABILITY.md FM1).
+#[test]
+fn checker_explains_a_stopped_holders_late_answered_write() {
+    let mut late = op("uwrite", true, 300 * MS);
+    late.t_done = 3150 * MS;
+    let mut a = hold(
+        "a",
+        1,
+        10 * MS,
+        3151 * MS,
+        vec![op("fwrite", true, 200 * MS), late],
+    );
+    a.t_lost = Some(3149 * MS);
+    a.rel = Some("not_owner".into());
+    let b = |i: u64| {
+        let t = 1000 * MS + i * 100 * MS;
+        hold(
+            &format!("b{i}"),
+            1 + i,
+            t,
+            t + 50 * MS,
+            vec![op("fwrite", true, t + MS), op("uwrite", true, t + 2 * MS)],
+        )
+    };
+    let input = Input {
+        holds: vec![a, b(1), b(2), b(3)],
+        resource: Resource {
+            f_counter: 4,
+            f_applied: 4,
+            u_counter: 1,
+            u_applied: 4,
+        },
+        ..Input::default()
+    };
+    let r = checker::analyse(input, 1000 * MS);
+    assert_eq!(r.lost_updates_unfenced, 3);
+    assert_eq!(r.lease_violations, 0);
+    assert_eq!(
+        r.count(OverlapClass::UnnoticedUnfenced),
+        3,
+        "{:?}",
+        r.overlaps
+    );
+    assert!(r.lost_updates_unfenced <= r.count(OverlapClass::UnnoticedUnfenced) as i64);
 }
 
 #[test]
