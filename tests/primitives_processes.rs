@@ -572,6 +572,10 @@ async fn no_writer_starvation_with_8_readers_in_two_processes() {
         .await
         .unwrap();
     assert!(holding > 0, "no reader holds");
+    // A try that does not wait is refused while readers hold, and its give-back (which clears
+    // the marker the try left) must not leave the readers blocked after the writer has gone.
+    let e = refused(lock.write().await);
+    assert!(matches!(e, LockError::Busy { .. }), "{e:?}");
     let asked = Instant::now();
     let g = lock
         .clone()
