@@ -289,6 +289,14 @@ async fn child_read_loop(backend: Arc<dyn Backend>) {
                         t0.elapsed()
                     );
                 }
+                // Blocked well beyond the writer's visit (it gets in within 2 s): a reader that
+                // slept until a lease end it had heard of (5 s) instead of being let in.
+                assert!(
+                    t0.elapsed() < Duration::from_secs(3),
+                    "pid {}: a read waited {:?}",
+                    std::process::id(),
+                    t0.elapsed()
+                );
                 if first {
                     first = false;
                     let _ = tx.send(()).await;
