@@ -289,6 +289,14 @@ async fn child_read_loop(backend: Arc<dyn Backend>) {
                         t0.elapsed()
                     );
                 }
+                // Blocked well beyond the writer's visit (it gets in within 2 s): a reader that
+                // slept until a lease end it had heard of (5 s) instead of being let in.
+                assert!(
+                    t0.elapsed() < Duration::from_secs(3),
+                    "pid {}: a read waited {:?}",
+                    std::process::id(),
+                    t0.elapsed()
+                );
                 if first {
                     first = false;
                     let _ = tx.send(()).await;
@@ -572,6 +580,10 @@ async fn no_writer_starvation_with_8_readers_in_two_processes() {
         .await
         .unwrap();
     assert!(holding > 0, "no reader holds");
+    // A try that does not wait is refused while readers hold, and its give-back (which clears
+    // the marker the try left) must not leave the readers blocked after the writer has gone.
+    let e = refused(lock.write().await);
+    assert!(matches!(e, LockError::Busy { .. }), "{e:?}");
     let asked = Instant::now();
     let g = lock
         .clone()

@@ -98,10 +98,91 @@ rw_backends!(
     a_crashed_readers_hold_ends_after_its_ttl,
     a_dead_waiting_writers_marker_ends_with_its_lease,
     a_writer_that_stops_waiting_lets_readers_in_at_once,
+    readers_are_not_held_back_once_a_refused_and_a_waiting_writer_are_gone,
     write_tokens_exceed_every_earlier_token,
     read_holds_reenter_and_renew,
     an_rwlock_and_a_lock_of_the_same_name_are_independent,
 );
+
+/// Eight readers of one client re-acquire the read side in a loop (20 ms holds, 8 s leases)
+/// while, twenty times over, a writer of another client first tries once without waiting
+/// (refused: readers hold) and then waits, holds and releases. Once the writer is gone no read
+/// may stay blocked: every read gets in well within one reader's lease (3 s; a reader that
+/// slept until a recorded lease end, of a reader or of the writer, would wait 8 s or more),
+/// and none times out. Before the fix, a reader that arrived while this client's woken readers
+/// were still retrying queued behind them without trying, missed their broadcast wake-up and
+/// slept until the lease end last recorded in the client's wait queue.
+async fn readers_are_not_held_back_once_a_refused_and_a_waiting_writer_are_gone(env: Env) {
+    let name = "rw-refused-probe";
+    let stop = Arc::new(AtomicBool::new(false));
+    let reads = Arc::new(AtomicU64::new(0));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..8u64 {
+        let l = rw(&env, name)
+            .ttl(Duration::from_secs(8))
+            .wait(Duration::from_secs(20));
+        let (stop, reads, slowest) = (stop.clone(), reads.clone(), slowest.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i * 3)).await;
+            while !stop.load(Ordering::SeqCst) {
+                let t0 = Instant::now();
+                let g = l
+                    .read()
+                    .await
+                    .unwrap_or_else(|e| panic!("a read failed after {:?}: {e}", t0.elapsed()));
+                slowest.fetch_max(t0.elapsed().as_millis() as u64, Ordering::SeqCst);
+                reads.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.release().await.expect("release read");
+            }
+        }));
+    }
+    let writer = rw_other(&env, name).await.ttl(Duration::from_secs(30));
+    for round in 0..20 {
+        let before = reads.load(Ordering::SeqCst);
+        assert!(
+            common::eventually(Duration::from_secs(10), || async {
+                reads.load(Ordering::SeqCst) >= before + 8
+            })
+            .await,
+            "round {round}: the readers do not get in (slowest read so far {} ms)",
+            slowest.load(Ordering::SeqCst)
+        );
+        // A reader of the writer's client holds, so that the try is refused whatever the
+        // loop's readers are doing at this moment.
+        let pin = writer.read().await.expect("read of the writer's client");
+        let probe = writer.clone().write().await;
+        pin.release().await.expect("release read");
+        assert!(
+            matches!(probe, Err(LockError::Busy { .. })),
+            "round {round}: a write try while readers hold is refused: {probe:?}"
+        );
+        let w = writer
+            .clone()
+            .wait(Duration::from_secs(10))
+            .write()
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: the writer starved: {e}"));
+        w.release().await.unwrap();
+    }
+    // The readers get going again after the last writer.
+    let before = reads.load(Ordering::SeqCst);
+    let again = common::eventually(Duration::from_secs(10), || async {
+        reads.load(Ordering::SeqCst) >= before + 8
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(again, "the readers do not get in after the last writer");
+    let slowest = slowest.load(Ordering::SeqCst);
+    assert!(
+        slowest < 3000,
+        "a read waited {slowest} ms with no writer holding or waiting for most of it"
+    );
+}
 
 fn rw(env: &Env, name: &str) -> RwLock {
     RwLock::new(name).with_backend(env.backend())

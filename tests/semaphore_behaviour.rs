@@ -103,7 +103,82 @@ semaphore_backends!(
     a_nested_acquisition_takes_permits_of_its_own,
     the_watchdog_keeps_permits_past_their_ttl_and_lost_fires_once_they_expire,
     a_dropped_guard_gives_its_permits_back,
+    waiters_are_not_held_back_once_a_refused_try_and_the_holders_are_gone,
 );
+
+/// Four tasks of one client take a permit of a 2-permit semaphore in a loop (20 ms holds, 8 s
+/// leases) while, twenty times over, another client takes both permits, tries once more
+/// without waiting (refused) and gives both back. The refused try must not hold the waiters
+/// back: every acquisition gets in well within one lease (3 s; one that slept until a recorded
+/// lease end would wait 8 s or more), and none times out.
+async fn waiters_are_not_held_back_once_a_refused_try_and_the_holders_are_gone(env: Env) {
+    let name = "sem-refused-probe";
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let takes = Arc::new(AtomicU64::new(0));
+    let slowest = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..4u64 {
+        let s = sem(&env, name, 2)
+            .ttl(Duration::from_secs(8))
+            .wait(Duration::from_secs(20));
+        let (stop, takes, slowest) = (stop.clone(), takes.clone(), slowest.clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(i * 5)).await;
+            while !stop.load(Ordering::SeqCst) {
+                let t0 = Instant::now();
+                let g = s.acquire().await.unwrap_or_else(|e| {
+                    panic!("an acquisition failed after {:?}: {e}", t0.elapsed())
+                });
+                slowest.fetch_max(t0.elapsed().as_millis() as u64, Ordering::SeqCst);
+                takes.fetch_add(1, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                g.release().await.expect("release");
+            }
+        }));
+    }
+    let other = Semaphore::new(name, 2)
+        .with_backend(env.another_backend().await)
+        .ttl(Duration::from_secs(30));
+    for round in 0..20 {
+        let before = takes.load(Ordering::SeqCst);
+        assert!(
+            common::eventually(Duration::from_secs(10), || async {
+                takes.load(Ordering::SeqCst) >= before + 4
+            })
+            .await,
+            "round {round}: the loop does not get permits (slowest so far {} ms)",
+            slowest.load(Ordering::SeqCst)
+        );
+        let pins = [
+            other.clone().wait(Duration::from_secs(10)).acquire().await,
+            other.clone().wait(Duration::from_secs(10)).acquire().await,
+        ]
+        .map(|p| p.unwrap_or_else(|e| panic!("round {round}: a pin: {e}")));
+        let probe = other.acquire().await;
+        assert!(
+            matches!(probe, Err(LockError::Busy { .. })),
+            "round {round}: a try with every permit taken is refused: {probe:?}"
+        );
+        for p in pins {
+            p.release().await.unwrap();
+        }
+    }
+    let before = takes.load(Ordering::SeqCst);
+    let again = common::eventually(Duration::from_secs(10), || async {
+        takes.load(Ordering::SeqCst) >= before + 4
+    })
+    .await;
+    stop.store(true, Ordering::SeqCst);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert!(again, "the loop does not get permits after the last round");
+    let slowest = slowest.load(Ordering::SeqCst);
+    assert!(
+        slowest < 3000,
+        "an acquisition waited {slowest} ms, with permits free for most of it"
+    );
+}
 
 fn sem(env: &Env, name: &str, max: u32) -> Semaphore {
     Semaphore::new(name, max).with_backend(env.backend())

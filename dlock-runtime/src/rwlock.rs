@@ -58,8 +58,17 @@ impl Backend for Side {
         self.inner.rw_watch(self.side, name)
     }
 
+    /// A reader never queues behind this process's waiting readers (the acquire loop's rule
+    /// for a newcomer: no try while another waiter here knows of a running lease): a read grant
+    /// excludes no other reader, so there is no turn to keep, and the wake-up of waiting readers
+    /// (a freed write side, a writer that stopped waiting) reaches every reader queued at that
+    /// moment at once. A newcomer that queued after it without trying, while the woken readers
+    /// were still retrying, would hear nothing more and sleep until the lease end last recorded
+    /// here (a writer's, a waiting writer's marker's, or a reader's own grant). So a reader
+    /// always tries first: only the server's answer makes it wait, and then it subscribes and
+    /// tries again before it sleeps.
     fn has_waiters(&self, name: &str) -> bool {
-        self.inner.rw_has_waiters(self.side, name)
+        self.side == RwSide::Write && self.inner.rw_has_waiters(self.side, name)
     }
 
     fn lease_margin(&self, ttl: Duration) -> Duration {

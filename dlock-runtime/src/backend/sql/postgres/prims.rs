@@ -1039,23 +1039,17 @@ impl PostgresBackend {
         ttl: Duration,
     ) -> Result<Acquired, LockError> {
         let ttl_us = micros(ttl);
-        let r = self
-            .tx_try(&self.prims().sql.rw, name, owner, 0, |st| match st {
-                Some(st) => rw_acquire(st, side, owner, ttl_us),
-                None => Err(LockError::backend(
-                    name,
-                    "the read-write row was not locked",
-                )),
-            })
-            .await;
-        // A first read grant: the read side is open, so the readers of this process that
-        // queued behind other local waiters since the last release's wake-up (the runtime does
-        // not let them barge in) try now too, instead of sleeping until a lease they heard of
-        // ends (seconds; the next `r:` wake-up comes only with the next writer's release).
-        if side == RwSide::Read && matches!(r, Ok(Acquired::Granted { count: 1, .. })) {
-            while self.prims().readers.wake_one(name) {}
-        }
-        r
+        // No wake-up of this process's waiting readers on a read grant: a reader never queues
+        // behind local waiters without trying (`rwlock.rs`'s read adapter), so none sleeps
+        // while the read side is open.
+        self.tx_try(&self.prims().sql.rw, name, owner, 0, |st| match st {
+            Some(st) => rw_acquire(st, side, owner, ttl_us),
+            None => Err(LockError::backend(
+                name,
+                "the read-write row was not locked",
+            )),
+        })
+        .await
     }
 
     async fn rw_give_back(
