@@ -626,7 +626,11 @@ mod permits {
                     .await
                     .unwrap();
                 assert_eq!(n, 6, "every waiter is queued on the server");
-                let _: () = redis::cmd("DEL").arg(&queue).query_async(con).await.unwrap();
+                let _: () = redis::cmd("DEL")
+                    .arg(&queue)
+                    .query_async(con)
+                    .await
+                    .unwrap();
             }
         })
         .await;
@@ -678,7 +682,10 @@ mod permits {
             if n as usize == 1 + 2 * backends.len() {
                 break;
             }
-            assert!(tokio::time::Instant::now() < end, "the waiters never queued ({n})");
+            assert!(
+                tokio::time::Instant::now() < end,
+                "the waiters never queued ({n})"
+            );
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         // The dead waiter's entry is still live (its heartbeat is 1 s from its last try) and

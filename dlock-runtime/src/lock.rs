@@ -330,7 +330,7 @@ impl Lock {
                     && (self.fair
                         || backend.queues_contenders()
                         || backend.queues_with_heartbeat()))
-                    .then_some(backend),
+                .then_some(backend),
                 name,
                 owner: owner.clone(),
                 ttl: self.ttl,

@@ -188,7 +188,12 @@ impl RedisBackend {
             &RELEASE,
             4,
             6,
-            k.hash.len() + k.leases.len() + k.channel.len() + 2 * k.waiters.len() + owner.len() + 40,
+            k.hash.len()
+                + k.leases.len()
+                + k.channel.len()
+                + 2 * k.waiters.len()
+                + owner.len()
+                + 40,
         );
         cmd.arg(&k.hash)
             .arg(&k.leases)
@@ -339,7 +344,9 @@ mod tests {
         for name in ["sem:{x}", "x", "dlock:sem:{x}"] {
             let lock = crate::backend::redis_keys(name);
             let k = sem_keys(name);
-            for s in [&k.hash, &k.leases, &k.fence, &k.channel, &k.waiters, &k.wants] {
+            for s in [
+                &k.hash, &k.leases, &k.fence, &k.channel, &k.waiters, &k.wants,
+            ] {
                 assert!(!s.starts_with("dlock:{"), "{s}");
                 assert_ne!(s, &lock.lock);
             }
