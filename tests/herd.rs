@@ -462,3 +462,331 @@ async fn pg_advisory_a_chain_of_releases_wakes_one_waiter_each() {
         "{total} tries for 6 releases (per backend {tries:?}); target ≤ 1.5 per release"
     );
 }
+
+/// Semaphores on the Redis family (issue 21 item 1): a release of `k` permits wakes about `k`
+/// waiters across all processes, not `k` in each. A busy permit try queues its owner on the
+/// server (`dlock:sem:{E}:q`, with a heartbeat deadline by the server's clock) and the release
+/// wakes exactly the first queued waiters its permits fit, by owner id.
+mod permits {
+    use super::*;
+    use dlock::{Semaphore, SemaphoreGuard};
+
+    /// Long enough that no waiter's heartbeat retry (every ttl/6 = 10 s) falls in a counting
+    /// window: every try counted there was a wake-up's.
+    const SEM_TTL: Duration = Duration::from_secs(60);
+
+    /// Waits until no backend's permit try count moved for `quiet`, up to 10 s.
+    async fn settle_permits(backends: &[Arc<Counting>], quiet: Duration) -> Vec<u64> {
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        let mut last: Vec<u64> = backends.iter().map(|b| b.permit_tries()).collect();
+        loop {
+            tokio::time::sleep(quiet).await;
+            let now: Vec<u64> = backends.iter().map(|b| b.permit_tries()).collect();
+            if now == last || tokio::time::Instant::now() > end {
+                return now;
+            }
+            last = now;
+        }
+    }
+
+    /// `per` waiters of one permit on each of `backends` (each standing for a process) for the
+    /// semaphore `name` of `max` permits with `ttl`; each sends its guard on `tx`.
+    fn spawn_waiters(
+        backends: &[Arc<Counting>],
+        per: usize,
+        name: &str,
+        max: u32,
+        ttl: Duration,
+        tx: &tokio::sync::mpsc::UnboundedSender<SemaphoreGuard>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        for b in backends {
+            for _ in 0..per {
+                let b: Arc<dyn Backend> = b.clone();
+                let (tx, name) = (tx.clone(), name.to_string());
+                tasks.push(tokio::spawn(async move {
+                    if let Ok(g) = Semaphore::new(name, max)
+                        .ttl(ttl)
+                        .wait(Duration::from_secs(15))
+                        .with_backend(b)
+                        .acquire()
+                        .await
+                    {
+                        let _ = tx.send(g);
+                    }
+                }));
+            }
+        }
+        tasks
+    }
+
+    /// The scenario: `holder` takes all `max` permits of `name` in one grant; two waiters of
+    /// one permit on each of `backends` wait; `before_release` runs; the holder releases (`max`
+    /// permits back). Returns the permit tries of each backend from just before the release
+    /// until 1 s after the `max`-th grant, and the time from the release to the first grant.
+    async fn permit_release_among_waiting_backends(
+        holder: Arc<dyn Backend>,
+        backends: &[Arc<Counting>],
+        name: &str,
+        max: u32,
+        before_release: impl std::future::Future<Output = ()>,
+    ) -> (Vec<u64>, Duration) {
+        let g = Semaphore::new(name, max)
+            .permits(max)
+            .ttl(SEM_TTL)
+            .with_backend(holder)
+            .acquire()
+            .await
+            .expect("holder");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<SemaphoreGuard>();
+        let tasks = spawn_waiters(backends, 2, name, max, SEM_TTL, &tx);
+        let before = settle_permits(backends, Duration::from_millis(400)).await;
+        before_release.await;
+        let released = tokio::time::Instant::now();
+        g.release().await.expect("release");
+        let mut guards = Vec::new();
+        let mut took = Duration::ZERO;
+        for i in 0..max {
+            let g = tokio::time::timeout(Duration::from_secs(15), rx.recv())
+                .await
+                .unwrap_or_else(|_| panic!("waiter {i} got no permit"))
+                .expect("guard");
+            if i == 0 {
+                took = released.elapsed();
+            }
+            guards.push(g);
+        }
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        let after: Vec<u64> = backends.iter().map(|b| b.permit_tries()).collect();
+        drop(guards);
+        for t in tasks {
+            t.abort();
+        }
+        (
+            after.iter().zip(&before).map(|(a, b)| a - b).collect(),
+            took,
+        )
+    }
+
+    /// One release of 1 permit among 3 processes with 2 waiters each: one try in all (the
+    /// woken waiter's, granted); two allowed for a try that raced the release. Before: every
+    /// process woke one waiter of its own (3 tries).
+    pub(super) async fn one_permit_wakes_one_waiter_of_all(
+        holder: Arc<dyn Backend>,
+        backends: &[Arc<Counting>],
+        name: &str,
+    ) {
+        let (tries, took) =
+            permit_release_among_waiting_backends(holder, backends, name, 1, async {}).await;
+        eprintln!("1 permit back: tries per backend {tries:?}, first grant after {took:?}");
+        let sum: u64 = tries.iter().sum();
+        assert!(
+            (1..=2).contains(&sum),
+            "permit tries per backend after a release of 1 permit: {tries:?} (one waiter woken \
+             across all processes, not one per process)"
+        );
+    }
+
+    /// One release of 2 permits among 3 processes with 2 waiters each: two tries in all (three
+    /// allowed for a raced try). Before: every process woke two waiters of its own (6 tries).
+    pub(super) async fn two_permits_wake_two_waiters_of_all(
+        holder: Arc<dyn Backend>,
+        backends: &[Arc<Counting>],
+        name: &str,
+    ) {
+        let (tries, took) =
+            permit_release_among_waiting_backends(holder, backends, name, 2, async {}).await;
+        eprintln!("2 permits back: tries per backend {tries:?}, first grant after {took:?}");
+        let sum: u64 = tries.iter().sum();
+        assert!(
+            (2..=3).contains(&sum),
+            "permit tries per backend after a release of 2 permits: {tries:?} (two waiters woken \
+             across all processes, not two per process)"
+        );
+    }
+
+    /// The waiters' queue is gone from the server when the release runs (deleted here, as a
+    /// store that lost it would): the release finds no live waiter and wakes every process's
+    /// waiters by count, so no waiter sleeps while a permit is free (the heartbeat retries are
+    /// 10 s away).
+    pub(super) async fn a_lost_queue_leaves_no_waiter_asleep<C>(
+        holder: Arc<dyn Backend>,
+        backends: &[Arc<Counting>],
+        name: &str,
+        mut admins: Vec<C>,
+    ) where
+        C: redis::aio::ConnectionLike,
+    {
+        let queue = format!("dlock:sem:{{{name}}}:q");
+        let (_, took) = permit_release_among_waiting_backends(holder, backends, name, 1, async {
+            for con in &mut admins {
+                let n: u64 = redis::cmd("ZCARD")
+                    .arg(&queue)
+                    .query_async(con)
+                    .await
+                    .unwrap();
+                assert_eq!(n, 6, "every waiter is queued on the server");
+                let _: () = redis::cmd("DEL")
+                    .arg(&queue)
+                    .query_async(con)
+                    .await
+                    .unwrap();
+            }
+        })
+        .await;
+        assert!(
+            took < Duration::from_secs(3),
+            "a free permit waited {took:?} for a waiter"
+        );
+    }
+
+    /// A queued waiter whose process died (it is first in the queue and still live by its
+    /// heartbeat, so the release wakes it, and it never tries): the permit goes to a live
+    /// waiter within about half a heartbeat (the live waiters' retries; heartbeat ttl/3 = 1 s
+    /// here), not at a lease's end.
+    pub(super) async fn a_dead_queued_waiter_holds_a_permit_back_at_most_a_heartbeat<C>(
+        holder: Arc<dyn Backend>,
+        dead: Arc<Counting>,
+        backends: &[Arc<Counting>],
+        name: &str,
+        mut admin: C,
+    ) where
+        C: redis::aio::ConnectionLike,
+    {
+        let ttl = Duration::from_secs(3);
+        let queue = format!("dlock:sem:{{{name}}}:q");
+        let g = Semaphore::new(name, 1)
+            .ttl(ttl)
+            .with_backend(holder)
+            .acquire()
+            .await
+            .expect("holder");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<SemaphoreGuard>();
+        let mut tasks = spawn_waiters(std::slice::from_ref(&dead), 1, name, 1, ttl, &tx);
+        // The dead process's waiter is queued (and has subscribed and tried again), then dies.
+        let end = tokio::time::Instant::now() + Duration::from_secs(10);
+        while dead.permit_tries() < 2 {
+            assert!(tokio::time::Instant::now() < end, "the waiter never queued");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        dead.die();
+        tasks.extend(spawn_waiters(backends, 2, name, 1, ttl, &tx));
+        let died = tokio::time::Instant::now();
+        let end = died + Duration::from_secs(10);
+        loop {
+            let n: u64 = redis::cmd("ZCARD")
+                .arg(&queue)
+                .query_async(&mut admin)
+                .await
+                .unwrap();
+            if n as usize == 1 + 2 * backends.len() {
+                break;
+            }
+            assert!(
+                tokio::time::Instant::now() < end,
+                "the waiters never queued ({n})"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        // The dead waiter's entry is still live (its heartbeat is 1 s from its last try) and
+        // first (the live waiters' deadlines are later).
+        let since_death = died.elapsed();
+        assert!(
+            since_death < Duration::from_millis(700),
+            "the live waiters took {since_death:?} to queue: the dead entry may have lapsed"
+        );
+        let released = tokio::time::Instant::now();
+        g.release().await.expect("release");
+        let got = tokio::time::timeout(Duration::from_secs(10), rx.recv())
+            .await
+            .expect("a live waiter got the permit")
+            .expect("guard");
+        let took = released.elapsed();
+        eprintln!("permit after a dead queued waiter was woken: {took:?}");
+        assert!(
+            took < Duration::from_millis(1500),
+            "the permit stayed unused {took:?} after the dead waiter was woken"
+        );
+        drop(got);
+        for t in tasks {
+            t.abort();
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_permit_release_wakes_as_many_waiters_across_processes() {
+    let server = RedisProc::start();
+    let holder = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let backends = redis_backends(&server, 3).await;
+    permits::one_permit_wakes_one_waiter_of_all(holder.clone(), &backends, "sem-herd-1").await;
+    permits::two_permits_wake_two_waiters_of_all(holder.clone(), &backends, "sem-herd-2").await;
+    let admin = server.admin_async().await;
+    permits::a_lost_queue_leaves_no_waiter_asleep(holder, &backends, "sem-herd-lost", vec![admin])
+        .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_a_dead_queued_permit_waiter_costs_at_most_a_heartbeat() {
+    let server = RedisProc::start();
+    let holder = Arc::new(RedisBackend::connect(&server.url()).await.unwrap());
+    let backends = redis_backends(&server, 3).await;
+    let dead = redis_backends(&server, 1).await.remove(0);
+    let admin = server.admin_async().await;
+    permits::a_dead_queued_waiter_holds_a_permit_back_at_most_a_heartbeat(
+        holder,
+        dead,
+        &backends,
+        "sem-herd-dead",
+        admin,
+    )
+    .await;
+}
+
+#[cfg(feature = "cluster")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_a_permit_release_wakes_as_many_waiters_across_processes() {
+    use common::cluster::ClusterSet;
+    let set = tokio::task::spawn_blocking(|| ClusterSet::start(3, 0))
+        .await
+        .unwrap();
+    let connect = || dlock::ClusterBackend::connect(set.urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let backends = processes(3, || async { connect().await.unwrap() }).await;
+    permits::one_permit_wakes_one_waiter_of_all(holder.clone(), &backends, "sem-herd-c1").await;
+    permits::two_permits_wake_two_waiters_of_all(holder.clone(), &backends, "sem-herd-c2").await;
+    let admin = set.admin().await;
+    permits::a_lost_queue_leaves_no_waiter_asleep(
+        holder.clone(),
+        &backends,
+        "sem-herd-clost",
+        vec![admin],
+    )
+    .await;
+    let dead = processes(1, || async { connect().await.unwrap() })
+        .await
+        .remove(0);
+    let admin = set.admin().await;
+    permits::a_dead_queued_waiter_holds_a_permit_back_at_most_a_heartbeat(
+        holder,
+        dead,
+        &backends,
+        "sem-herd-cdead",
+        admin,
+    )
+    .await;
+}
+
+#[cfg(feature = "sentinel")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentinel_a_permit_release_wakes_as_many_waiters_across_processes() {
+    use common::sentinel::{MASTER, SentinelSet};
+    let set = tokio::task::spawn_blocking(|| SentinelSet::start(false))
+        .await
+        .unwrap();
+    let connect = || dlock::SentinelBackend::connect(MASTER, set.sentinel_urls());
+    let holder = Arc::new(connect().await.unwrap());
+    let backends = processes(3, || async { connect().await.unwrap() }).await;
+    permits::one_permit_wakes_one_waiter_of_all(holder.clone(), &backends, "sem-herd-s1").await;
+    permits::two_permits_wake_two_waiters_of_all(holder, &backends, "sem-herd-s2").await;
+}

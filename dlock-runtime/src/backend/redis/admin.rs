@@ -575,6 +575,8 @@ impl RedisAdmin {
                 script
                     .key(&k.hash)
                     .key(&k.leases)
+                    .key(&k.waiters)
+                    .key(&k.wants)
                     .arg(owner)
                     .arg(&k.channel)
                     .invoke_async(&mut conn),
