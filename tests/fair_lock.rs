@@ -57,6 +57,7 @@ fair_backends!(
     waiters_of_separate_clients_get_the_lock_in_arrival_order,
     a_dead_queued_waiter_leaves_the_queue_within_one_renewal_period,
     a_waiter_whose_wait_ends_leaves_the_queue_at_once,
+    a_leader_that_resigns_and_campaigns_again_goes_behind_the_waiting_candidate,
 );
 
 /// A client of its own: on the Redis family a new backend (its own connections and pub/sub, as
@@ -312,4 +313,49 @@ async fn redlock_refuses_a_fair_lock_with_unsupported() {
         "{:?}",
         r.map(|g| g.fencing_token())
     );
+}
+
+/// Elections campaign fairly where the engine queues candidates: A leads, B waits, A resigns
+/// and campaigns again at once. B leads next, and A's new campaign waits behind B. Before
+/// elections used the fair lock, A's own try, sent right after its release, could win the free
+/// name back before the woken B tried (seen across processes in `tests/election_procs.rs`).
+async fn a_leader_that_resigns_and_campaigns_again_goes_behind_the_waiting_candidate(env: Env) {
+    let name = "fair-resign";
+    let (a_client, b_client) = (client(&env).await, client(&env).await);
+    assert!(a_client.supports_fair(), "{:?}", env.kind);
+    let elect = |c: &Arc<dyn Backend>| {
+        dlock::Election::new(name)
+            .ttl(Duration::from_secs(30))
+            .with_backend(c.clone())
+    };
+    for round in 0..3 {
+        let a = elect(&a_client).campaign().await.expect("A leads");
+        let b_election = elect(&b_client);
+        let b = tokio::spawn(async move { b_election.campaign().await });
+        // B is queued (its first try was busy).
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(!b.is_finished(), "B must wait while A leads");
+        let a_epoch = a.epoch();
+        a.resign().await.expect("resign");
+        let a_again = elect(&a_client);
+        let a2 = tokio::spawn(async move { a_again.campaign().await });
+        let b_term = tokio::time::timeout(Duration::from_secs(10), b)
+            .await
+            .unwrap_or_else(|_| panic!("round {round}: B never led after A resigned"))
+            .unwrap()
+            .expect("B's term");
+        assert!(b_term.epoch() > a_epoch);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(
+            !a2.is_finished(),
+            "round {round}: A won again while B led (or before it)"
+        );
+        b_term.resign().await.unwrap();
+        let a2 = tokio::time::timeout(Duration::from_secs(10), a2)
+            .await
+            .expect("A leads after B resigned")
+            .unwrap()
+            .expect("A's second term");
+        a2.resign().await.unwrap();
+    }
 }

@@ -175,8 +175,13 @@ impl Election {
     /// campaign cannot fix).
     pub async fn campaign(&self) -> Result<Term, LockError> {
         let mut refused = 0u32;
+        // Candidates are served in arrival order where the engine can queue them (a fair
+        // lock): a leader that resigns and campaigns again at once goes behind the candidates
+        // already waiting instead of winning the free name back before the woken one tries.
+        let fair = self.lock.resolve_backend()?.supports_fair();
+        let lock = self.lock.clone().fair(fair);
         loop {
-            let guard = self.lock.acquire().await?;
+            let guard = lock.acquire().await?;
             let epoch = guard.fencing_token();
             let backend = guard.backend().clone();
             let records = match write_record(&backend, self.lock.name(), epoch, &self.value).await {

@@ -74,6 +74,9 @@ impl Backend for CountTries {
         self.tries.fetch_add(1, Ordering::SeqCst);
         self.inner.try_acquire(name, owner, ttl)
     }
+    fn supports_fair(&self) -> bool {
+        self.inner.supports_fair()
+    }
     fn try_acquire_fair<'a>(
         &'a self,
         name: &'a str,

@@ -1121,6 +1121,11 @@ impl Backend for ClusterBackend {
         })
     }
 
+    /// Not with `min_replicas`: a fair grant is not followed by `WAIT` yet.
+    fn supports_fair(&self) -> bool {
+        self.inner.min_replicas.is_none()
+    }
+
     fn try_acquire_fair<'a>(
         &'a self,
         name: &'a str,

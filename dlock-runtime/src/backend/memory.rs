@@ -344,6 +344,10 @@ impl Backend for MemoryBackend {
         Box::pin(async move { Ok(r) })
     }
 
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
     fn try_acquire_fair<'a>(
         &'a self,
         name: &'a str,

@@ -248,6 +248,14 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         Box::pin(async move { Err(LockError::unsupported(name, "fair locks")) })
     }
 
+    /// True when [`Backend::try_acquire_fair`] serves waiters in arrival order on this backend
+    /// (as configured) instead of answering [`LockError::Unsupported`]. An election campaigns
+    /// fairly where this is true. Default: [`Backend::queues_contenders`], as the default
+    /// `try_acquire_fair`.
+    fn supports_fair(&self) -> bool {
+        self.queues_contenders()
+    }
+
     /// True when a try that was not granted can leave a release of its owner id still to run on
     /// the server after the try answered (Redlock: the clean-up of the nodes a busy try took
     /// runs in the background, its retries too, and one that timed out may be delivered late).

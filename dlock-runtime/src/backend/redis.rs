@@ -1642,6 +1642,10 @@ impl Backend for RedisBackend {
         }
     }
 
+    fn supports_fair(&self) -> bool {
+        true
+    }
+
     fn try_acquire_fair<'a>(
         &'a self,
         name: &'a str,

@@ -692,6 +692,11 @@ impl Backend for SentinelBackend {
         Box::pin(self.inner.acquire(name, owner, ttl))
     }
 
+    /// Not with `min_replicas`: a fair grant is not followed by `WAIT` yet.
+    fn supports_fair(&self) -> bool {
+        self.inner.cfg.min_replicas.is_none()
+    }
+
     fn try_acquire_fair<'a>(
         &'a self,
         name: &'a str,
