@@ -543,6 +543,7 @@ fn checker_explains_a_stopped_holders_late_answered_write() {
             f_applied: 4,
             u_counter: 1,
             u_applied: 4,
+            f_stale_accepted: 0,
         },
         ..Input::default()
     };
