@@ -326,11 +326,8 @@ impl Lock {
             // A backend that keeps failed tries queued (ZooKeeper, etcd) is told when this wait
             // ends without a grant, however it ends (return or a dropped future).
             give_up: GiveUp {
-                backend: (parent.is_none()
-                    && (self.fair
-                        || backend.queues_contenders()
-                        || backend.queues_with_heartbeat()))
-                .then_some(backend),
+                backend: (parent.is_none() && (self.fair || backend.queues_contenders()))
+                    .then_some(backend),
                 name,
                 owner: owner.clone(),
                 ttl: self.ttl,
@@ -360,7 +357,6 @@ impl Lock {
             // delete, an extra try per release: issue 19).
             try_now = self.fair
                 || backend.queues_contenders()
-                || backend.queues_with_heartbeat()
                 || a.watch
                     .as_ref()
                     .and_then(Watch::lease_end)
@@ -675,9 +671,8 @@ impl Acquisition<'_> {
             let t = t + Duration::from_millis(1);
             until = Some(until.map_or(t, |d| d.min(t)));
         }
-        if self.lock.fair || self.backend.queues_with_heartbeat() {
-            // A queued waiter of a fair lock (or of a backend that queues waiters with a
-            // heartbeat) renews its place (its heartbeat) by trying again.
+        if self.lock.fair {
+            // A queued waiter of a fair lock renews its place (its heartbeat) by trying again.
             let t = now + fair_heartbeat(self.lock.ttl) / 2;
             until = Some(until.map_or(t, |d| d.min(t)));
         }

@@ -49,9 +49,8 @@ use crate::{LockError, LockGuard, LostReason};
 /// * A caller whose `max` differs from the `max` the name's live holders were granted under
 ///   gets [`LockError::SemaphoreMax`]: there is never a second limit in force. A name with no
 ///   live holder takes the `max` of its next grant.
-/// * Giving back `k` permits wakes about `k` waiters: on the Redis family `k` across all
-///   processes (the store keeps the waiters' queue), elsewhere `k` in each process waiting
-///   for the name (ZooKeeper and etcd: one per permit freed, by their queues), never all.
+/// * Giving back `k` permits wakes `k` waiters in each process waiting for the name, not all
+///   of them.
 /// * The guard is a [`LockGuard`]'s: watchdog renewal, `lost()`, `is_valid()`, `extend`,
 ///   `release`, background give-back on drop. A nested acquisition inside
 ///   [`SemaphoreGuard::scope`] takes permits of its own (no re-entry).
@@ -341,12 +340,6 @@ impl Backend for Permits {
     /// the entry, so later waiters are not held behind it.
     fn queues_contenders(&self) -> bool {
         self.inner.queues_contenders()
-    }
-
-    /// A backend that queues busy permit tries with a heartbeat (the Redis family) has its
-    /// waiters retry within half of it and give up with a release, which leaves the queue.
-    fn queues_with_heartbeat(&self) -> bool {
-        self.inner.queues_permit_waiters()
     }
 
     fn lost_signal(&self, name: &str, owner: &str) -> Option<BoxFuture<'static, ()>> {

@@ -142,9 +142,6 @@ impl Backend for CountTries {
         permits: u32,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Acquired, LockError>> {
-        if self.is_dead() {
-            return Box::pin(std::future::pending());
-        }
         self.permit_tries.fetch_add(1, Ordering::SeqCst);
         self.inner
             .try_acquire_permits(name, owner, max, permits, ttl)
@@ -154,9 +151,6 @@ impl Backend for CountTries {
         name: &'a str,
         owner: &'a str,
     ) -> BoxFuture<'a, Result<Released, LockError>> {
-        if self.is_dead() {
-            return Box::pin(std::future::pending());
-        }
         self.inner.release_permits(name, owner)
     }
     fn extend_permits<'a>(
@@ -165,9 +159,6 @@ impl Backend for CountTries {
         owner: &'a str,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<Extended, LockError>> {
-        if self.stalled.load(Ordering::SeqCst) || self.is_dead() {
-            return Box::pin(std::future::pending());
-        }
         self.inner.extend_permits(name, owner, ttl)
     }
     fn watch_permits<'a>(&'a self, name: &'a str) -> BoxFuture<'a, Result<Watch, LockError>> {
@@ -175,12 +166,6 @@ impl Backend for CountTries {
     }
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.inner.has_permit_waiters(name)
-    }
-    fn queues_permit_waiters(&self) -> bool {
-        self.inner.queues_permit_waiters()
-    }
-    fn queues_with_heartbeat(&self) -> bool {
-        self.inner.queues_with_heartbeat()
     }
     fn put_record<'a>(
         &'a self,

@@ -1184,10 +1184,6 @@ impl Backend for ClusterBackend {
         self.sem_has_waiters(name)
     }
 
-    fn queues_permit_waiters(&self) -> bool {
-        true
-    }
-
     fn supports_rw(&self) -> bool {
         true
     }

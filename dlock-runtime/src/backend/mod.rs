@@ -209,18 +209,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
         false
     }
 
-    /// True when a busy try leaves `owner` queued on the store with a heartbeat lease of one
-    /// renewal period of the ttl (ttl/3, at least 50 ms, as a fair lock's waiter), so that a
-    /// release can wake exactly the waiters it has room for, in whichever process they wait.
-    /// The runtime then tries right after subscribing (which queues the waiter), tries again
-    /// within half the heartbeat while it waits (which renews the entry; one whose process died
-    /// lapses), and ends a wait that ends without a grant with `release(name, owner, None,
-    /// true)`, which must remove the entry. Default: false; the semaphore adapter answers
-    /// [`Backend::queues_permit_waiters`] of its backend.
-    fn queues_with_heartbeat(&self) -> bool {
-        false
-    }
-
     /// A try of a fair lock ([`crate::Lock::fair`]): as [`Backend::try_acquire`], but waiters are
     /// served in arrival order across processes. A busy answer leaves `owner` queued on the
     /// store (at the back on its first try, in its place on later ones) with a heartbeat lease
@@ -346,15 +334,6 @@ pub trait Backend: Send + Sync + fmt::Debug + 'static {
     /// [`Backend::has_waiters`]. Default: false.
     fn has_permit_waiters(&self, name: &str) -> bool {
         let _ = name;
-        false
-    }
-
-    /// True when a busy [`Backend::try_acquire_permits`] queues `owner` among the semaphore's
-    /// waiters on the store (see [`Backend::queues_with_heartbeat`]), and
-    /// [`Backend::release_permits`] of an owner that waits removes its entry; a release of `k`
-    /// permits then wakes about `k` waiters across all processes, not `k` in each (Redis,
-    /// Sentinel, Cluster). Default: false.
-    fn queues_permit_waiters(&self) -> bool {
         false
     }
 

@@ -601,10 +601,9 @@ pub(crate) fn on_release_message(
             queues.wake_owner(channel, &String::from_utf8_lossy(owner));
             return;
         }
-        // A fair lock's turn (fair_release.lua, fair_acquire.lua), or a semaphore's queued
-        // waiter woken by a release (semaphore_release.lua): only the waiter with that owner id,
-        // if it waits here; else a waiter that named no owner (a Sentinel backend's proxy,
-        // which wakes a waiter of its own).
+        // A fair lock's turn (fair_release.lua, fair_acquire.lua): only the waiter with that
+        // owner id, if it waits here; else a waiter that named no owner (a Sentinel backend's
+        // proxy, which wakes a waiter of its own).
         [b'f', owner @ ..] if !owner.is_empty() => {
             let owner = String::from_utf8_lossy(owner);
             if !queues.wake_first_where(channel, |o| o == Some(owner.as_ref())) {
@@ -1691,10 +1690,6 @@ impl Backend for RedisBackend {
 
     fn has_permit_waiters(&self, name: &str) -> bool {
         self.sem_has_waiters(name)
-    }
-
-    fn queues_permit_waiters(&self) -> bool {
-        true
     }
 
     fn supports_rw(&self) -> bool {

@@ -814,10 +814,6 @@ impl Backend for SentinelBackend {
         self.sem_has_waiters(name)
     }
 
-    fn queues_permit_waiters(&self) -> bool {
-        true
-    }
-
     // Read-write locks: the Redis script on the current master (a failed call asks the
     // sentinels again). Waiting subscribes on the master of the moment and does not follow a
     // failover: waiters then retry by the leases (README, engine table).

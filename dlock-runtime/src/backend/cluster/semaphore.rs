@@ -15,7 +15,7 @@ use super::{
     run_script,
 };
 use crate::LockError;
-use crate::backend::redis::semaphore::{acquire_reply, sem_keys, waiter_heartbeat};
+use crate::backend::redis::semaphore::{acquire_reply, sem_keys};
 use crate::backend::redis::{unconfirmed, wait_reply};
 use crate::backend::{Acquired, Extended, Released, Watch};
 
@@ -43,20 +43,18 @@ impl ClusterBackend {
         let k = sem_keys(name);
         let (max_s, n_s) = (max.to_string(), permits.to_string());
         let (ttl_ms, fence_ms) = (ms(ttl).to_string(), ms(ttl + FENCE_GRACE).to_string());
-        let beat_ms = ms(waiter_heartbeat(ttl)).to_string();
-        let args: [&[u8]; 6] = [
+        let args: [&[u8]; 5] = [
             owner.as_bytes(),
             max_s.as_bytes(),
             n_s.as_bytes(),
             ttl_ms.as_bytes(),
             fence_ms.as_bytes(),
-            beat_ms.as_bytes(),
         ];
         let (r, acked) = run_script(
             &self.inner,
             &mut con,
             &ACQUIRE,
-            &[&k.hash, &k.leases, &k.fence, &k.waiters, &k.wants],
+            &[&k.hash, &k.leases, &k.fence],
             &args,
             self.inner.min_replicas,
         )
@@ -81,7 +79,7 @@ impl ClusterBackend {
             &self.inner,
             &mut con,
             &RELEASE,
-            &[&k.hash, &k.leases, &k.waiters, &k.wants],
+            &[&k.hash, &k.leases],
             &args,
             None,
         )

@@ -575,8 +575,6 @@ impl RedisAdmin {
                 script
                     .key(&k.hash)
                     .key(&k.leases)
-                    .key(&k.waiters)
-                    .key(&k.wants)
                     .arg(owner)
                     .arg(&k.channel)
                     .invoke_async(&mut conn),

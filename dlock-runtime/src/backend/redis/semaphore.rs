@@ -7,26 +7,15 @@
 //! | holders (hash `owner -> permits`, `:max`, `:used`) | `dlock:sem:{E}` | `dlock:sem:{exports}` |
 //! | leases (zset `owner -> lease end`, server ms) | `dlock:sem:{E}:z` | `dlock:sem:{exports}:z` |
 //! | fencing counter (string, kept past release) | `dlock:sem:{E}:fence` | `dlock:sem:{exports}:fence` |
-//! | waiters (zset `owner -> heartbeat deadline`, server ms) | `dlock:sem:{E}:q` | `dlock:sem:{exports}:q` |
-//! | waiters' permits (hash `owner -> permits`) | `dlock:sem:{E}:qn` | `dlock:sem:{exports}:qn` |
-//! | release channel (pub/sub, payload `f<owner>` or `p<k>`) | `dlock:sem:{E}:rel` | `dlock:sem:{exports}:rel` |
+//! | release channel (pub/sub, payload `p<k>`) | `dlock:sem:{E}:rel` | `dlock:sem:{exports}:rel` |
 //!
 //! `E` is the lock's escaped name ([`crate::backend::redis_keys`]), so the hash tag, and the
 //! Cluster slot, is the lock's of the same name; no key starts with `dlock:{`, so none is ever a
 //! lock's key. Tokens come from the lock's counter family: `max(last + 1, server time in µs)`.
 //!
 //! Waiting reuses the runtime's pub/sub connection and wait queues under the semaphore's own
-//! channel, and the store keeps the waiters' queue, so a release of `k` permits wakes about `k`
-//! waiters across all processes, not `k` in each: a busy try queues its owner (or renews its
-//! entry) with a heartbeat deadline of [`waiter_heartbeat`] by the server's `TIME`; the runtime
-//! tries again within half of it while it waits ([`crate::Backend::queues_with_heartbeat`]),
-//! and a wait that ends without a grant releases the owner, which leaves the queue. A release
-//! takes the first live entries whose permits fit into the permits that came back and publishes
-//! `f<owner>` for each (its process wakes exactly that waiter, see `on_release_message`); with no
-//! live entry, or permits left once every live entry was woken, it publishes `p<k>` (every
-//! process wakes `k` waiters), so a waiter whose entry lapsed is never left asleep while permits
-//! are free. A woken waiter that never tries (its process died) holds the permits back until
-//! another waiter's next try, at most half a heartbeat.
+//! channel; a release publishes `p<k>` and every process with waiters wakes `k` of them (within
+//! a process no herd; across processes up to `k` per process try).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -55,8 +44,6 @@ pub(crate) struct SemKeys {
     pub(crate) leases: String,
     pub(crate) fence: String,
     pub(crate) channel: String,
-    pub(crate) waiters: String,
-    pub(crate) wants: String,
 }
 
 /// The keys of the semaphore `name`: the lock key `dlock:{E}` with `sem:` after `dlock:`.
@@ -67,17 +54,8 @@ pub(crate) fn sem_keys(name: &str) -> SemKeys {
         leases: key::suffixed(&hash, ":z"),
         fence: key::suffixed(&hash, key::FENCE_SUFFIX),
         channel: key::suffixed(&hash, key::CHANNEL_SUFFIX),
-        waiters: key::suffixed(&hash, ":q"),
-        wants: key::suffixed(&hash, ":qn"),
         hash,
     }
-}
-
-/// The heartbeat lease of a queued permit waiter (`semaphore_acquire.lua`'s `ARGV[6]`): the
-/// fair lock's, one renewal period of the ttl; the runtime tries again within half of it while
-/// it waits ([`crate::Backend::queues_with_heartbeat`]).
-pub(crate) fn waiter_heartbeat(ttl: Duration) -> Duration {
-    crate::lock::fair_heartbeat(ttl)
 }
 
 /// The acquire script's reply (see `semaphore_acquire.lua`).
@@ -150,21 +128,18 @@ impl RedisBackend {
         let k = sem_keys(name);
         let mut cmd = scripts::evalsha(
             &ACQUIRE,
-            5,
-            11,
-            k.hash.len() + k.leases.len() + k.fence.len() + 2 * k.waiters.len() + owner.len() + 80,
+            3,
+            8,
+            k.hash.len() + k.leases.len() + k.fence.len() + owner.len() + 60,
         );
         cmd.arg(&k.hash)
             .arg(&k.leases)
             .arg(&k.fence)
-            .arg(&k.waiters)
-            .arg(&k.wants)
             .arg(owner)
             .arg(max)
             .arg(permits)
             .arg(ms(ttl))
-            .arg(ms(ttl + FENCE_GRACE))
-            .arg(ms(waiter_heartbeat(ttl)));
+            .arg(ms(ttl + FENCE_GRACE));
         let r = run_then_wait(&ACQUIRE, cmd, wait, &mut con).await;
         match &r {
             Ok(_) => pin.con = None,
@@ -186,21 +161,11 @@ impl RedisBackend {
         let k = sem_keys(name);
         let mut cmd = scripts::evalsha(
             &RELEASE,
+            2,
             4,
-            6,
-            k.hash.len()
-                + k.leases.len()
-                + k.channel.len()
-                + 2 * k.waiters.len()
-                + owner.len()
-                + 40,
+            k.hash.len() + k.leases.len() + k.channel.len() + owner.len() + 20,
         );
-        cmd.arg(&k.hash)
-            .arg(&k.leases)
-            .arg(&k.waiters)
-            .arg(&k.wants)
-            .arg(owner)
-            .arg(&k.channel);
+        cmd.arg(&k.hash).arg(&k.leases).arg(owner).arg(&k.channel);
         let reply = |r: i64| {
             if r < 0 {
                 Released::NotOwner
@@ -339,14 +304,10 @@ mod tests {
         assert_eq!(k.channel, "dlock:sem:{exports}:rel");
         let k = sem_keys("a}b{c");
         assert_eq!(k.hash, "dlock:sem:{a\\)b\\(c}");
-        assert_eq!(k.waiters, "dlock:sem:{a\\)b\\(c}:q");
-        assert_eq!(k.wants, "dlock:sem:{a\\)b\\(c}:qn");
         for name in ["sem:{x}", "x", "dlock:sem:{x}"] {
             let lock = crate::backend::redis_keys(name);
             let k = sem_keys(name);
-            for s in [
-                &k.hash, &k.leases, &k.fence, &k.channel, &k.waiters, &k.wants,
-            ] {
+            for s in [&k.hash, &k.leases, &k.fence, &k.channel] {
                 assert!(!s.starts_with("dlock:{"), "{s}");
                 assert_ne!(s, &lock.lock);
             }

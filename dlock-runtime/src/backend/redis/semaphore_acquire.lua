@@ -5,11 +5,8 @@
 --                                          token of that owner's grant (read by `dlock show`)
 -- KEYS[2] leases `dlock:sem:{E}:z`         zset: owner -> lease end (server ms)
 -- KEYS[3] fence `dlock:sem:{E}:fence`      last token handed out for this semaphore
--- KEYS[4] waiters `dlock:sem:{E}:q`         zset: owner -> heartbeat deadline (server ms)
--- KEYS[5] wants `dlock:sem:{E}:qn`          hash: owner -> permits it waits for
 -- ARGV[1] owner id, ARGV[2] max (canonical digits), ARGV[3] permits (1 to max), ARGV[4] ttl in
--- ms (a positive integer of at most 14 digits), ARGV[5] fence key ttl in ms, ARGV[6] heartbeat
--- in ms (a positive integer; '0' never queues the owner)
+-- ms (a positive integer of at most 14 digits), ARGV[5] fence key ttl in ms
 -- Returns, by reply type:
 --   bulk string  the token (decimal digits) of a grant;
 --   integer      ms until the first holder's lease ends, when the permits are not free;
@@ -17,9 +14,6 @@
 -- Holders whose lease ended are dropped first (their permits come back). With no live holder
 -- the name's state is gone, and this grant sets the max. The keys live as long as the longest
 -- lease; the fence key outlives them (as a lock's: tokens are max(last + 1, server µs)).
--- A busy answer queues the owner among the waiters (or renews its entry) with a heartbeat
--- deadline of now + ARGV[6] by the server's clock, where semaphore_release.lua finds the waiters
--- to wake; a grant takes the owner out. Entries whose deadline passed are dropped on the way.
 local ttl = ARGV[4]
 if #ttl > 14 or not string.find(ttl, '^[1-9]%d*$') then
   return redis.error_reply('dlock: ttl out of range')
@@ -27,11 +21,6 @@ end
 if not string.find(ARGV[2], '^[1-9]%d*$') or not string.find(ARGV[3], '^[1-9]%d*$') then
   return redis.error_reply('dlock: permits out of range')
 end
-local life = ARGV[6]
-if not life or #life > 14 or not string.find(life, '^%d+$') then
-  return redis.error_reply('dlock: heartbeat out of range')
-end
-life = tonumber(life)
 local max = tonumber(ARGV[2])
 local n = tonumber(ARGV[3])
 if n > max or max > 4294967295 then
@@ -61,31 +50,11 @@ if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
 end
 local used = tonumber(redis.call('HGET', KEYS[1], ':used') or '0') or 0
 if used + n > max then
-  if life > 0 then
-    local lapsed = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
-    if #lapsed > 0 then
-      for _, o in ipairs(lapsed) do
-        redis.call('HDEL', KEYS[5], o)
-      end
-      redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-    end
-    redis.call('ZADD', KEYS[4], now + life, ARGV[1])
-    redis.call('HSET', KEYS[5], ARGV[1], ARGV[3])
-    -- Both keys outlive every live heartbeat; an expiry is only ever lengthened.
-    for i = 4, 5 do
-      if redis.call('PTTL', KEYS[i]) < 2 * life then
-        redis.call('PEXPIRE', KEYS[i], 2 * life)
-      end
-    end
-  end
   local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
   if first[2] then
     return tonumber(first[2]) - now
   end
   return -1
-end
-if redis.call('ZREM', KEYS[4], ARGV[1]) == 1 then
-  redis.call('HDEL', KEYS[5], ARGV[1])
 end
 local us = t[2]
 if #us < 6 then
